@@ -1,5 +1,6 @@
 """Qwen2 in Flax NNX against transformers' torch implementation, and the HF port/export."""
 
+import functools
 import json
 import os
 
@@ -114,6 +115,27 @@ def test_cache_decode_equals_full_forward(hf_model_dir):
                                    atol=1e-5, rtol=0)
     assert int(cache.index) == ids.shape[1] + steps
     np.testing.assert_array_equal(np.asarray(cache.pos), mask.sum(1) + steps)
+
+
+def test_last_only_prefill_gives_the_last_slot_and_the_same_cache(hf_model_dir):
+    """hidden_states(last_only=True), the sampler's prefill, equals the last slot of the full
+    prefill, and writes the same keys and values (the last layer's too) into the cache."""
+    name, folder = hf_model_dir
+    model = load_pretrained(folder)
+    ids, mask = left_pad([random_ids(TINY_SHAPES[name]["vocab_size"], (n,), seed=n)
+                          for n in (7, 2, 5)])
+
+    @functools.partial(nnx.jit, static_argnums=3)
+    def prefill(m, ids, mask, last_only):
+        cache = KVCache.init(m.config, ids.shape[0], ids.shape[1] + 4)
+        return m.hidden_states(ids, attention_mask=mask, cache=cache, last_only=last_only)
+
+    full, full_cache = prefill(model, jnp.asarray(ids), jnp.asarray(mask), False)
+    last, last_cache = prefill(model, jnp.asarray(ids), jnp.asarray(mask), True)
+    assert last.shape == (len(ids), 1, full.shape[-1])
+    np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -1:]), atol=1e-5, rtol=0)
+    for a, b in zip(jax.tree.leaves(full_cache), jax.tree.leaves(last_cache)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
 def test_explicit_positions_override_the_default():

@@ -23,6 +23,7 @@ from flax import nnx, struct
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # HF initializer_range default
+MASKED_SCORE = -1e30  # additive score of a masked key: exp() underflows to 0, never overflows
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -77,8 +78,8 @@ def rope_cos_sin(positions, head_size: int, theta: float):
     """positions int [B, T] -> (cos, sin) float32 [B, T, hd] (HF's non-interleaved layout)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_size, 2, dtype=jnp.float32) / head_size))
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
+    cos, sin = jnp.cos(freqs), jnp.sin(freqs)                     # each half once
+    return jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
 
 
 def apply_rope(x, cos, sin):
@@ -95,19 +96,27 @@ def attention(q, kt, v, mask):
     q [B, H, T, hd]; kt [B, K, hd, S] (keys transposed); v [B, K, S, hd]; mask bool [B, 1, T, S]
     -> [B, H, T, hd]. The G = H/K query heads of a kv head are folded into the rows (G*T), so both
     products are [rows, hd] x [hd, S] and [rows, S] x [S, hd] with no transposes of the cache
-    (XLA:CPU otherwise copies the cache every decode step). Scores and softmax in float32; a query
-    row with no visible key gets a uniform average (finite, never NaN).
+    (XLA:CPU otherwise copies the cache every decode step). Scores and softmax in float32.
+
+    The softmax is normalized after the second product (divide the [rows, hd] output, not the
+    [rows, S] probabilities) and masking is an additive bias of MASKED_SCORE: both save a pass
+    over the [B, K, G*T, S] scores, about half the attention time of a CPU prefill. The row max is
+    a constant to autodiff (softmax does not depend on it). A query row with no visible key gets a
+    uniform average (finite, never NaN).
     """
     B, H, T, hd = q.shape
     K, S = kt.shape[1], kt.shape[3]
     G = H // K
-    qg = q.reshape(B, K, G * T, hd)
+    qg = q.reshape(B, K, G * T, hd) * jnp.asarray(hd ** -0.5, q.dtype)
     scores = jnp.einsum("bkmd,bkds->bkms", qg, kt, preferred_element_type=jnp.float32)
-    scores = scores.reshape(B, K, G, T, S) * (hd ** -0.5)
-    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * T, S)
-    out = jnp.einsum("bkms,bksd->bkmd", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(B, H, T, hd).astype(q.dtype)
+    bias = jnp.where(mask, 0.0, MASKED_SCORE).astype(jnp.float32)         # [B, 1, T, S]
+    scores = scores.reshape(B, K, G, T, S) + bias[:, :, None]
+    row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+    unnorm = jnp.exp(scores - row_max)                                    # [B, K, G, T, S]
+    denom = jnp.sum(unnorm, axis=-1).reshape(B, K, G * T, 1)
+    out = jnp.einsum("bkms,bksd->bkmd", unnorm.astype(v.dtype).reshape(B, K, G * T, S), v,
+                     preferred_element_type=jnp.float32)
+    return (out / denom).reshape(B, H, T, hd).astype(q.dtype)
 
 
 class Qwen2Attention(nnx.Module):
@@ -122,19 +131,22 @@ class Qwen2Attention(nnx.Module):
         self.o_proj = nnx.Linear(H * hd, D, use_bias=False, **kw)
         self.num_heads, self.num_kv_heads, self.head_size = H, K, hd
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None):
+    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False):
         """x [B, T, D]; cos/sin [B, T, hd]; mask bool [B, 1, T, S].
 
         Without a cache S == T. With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values
-        are written at slot `index` and attention runs over all S slots. Returns (y [B, T, D],
-        (k, v) written cache or None).
+        are written at slot `index` and attention runs over all S slots. last_query_only: keys and
+        values of all T tokens, but only the last token queries (Tq = 1 instead of T). Returns
+        (y [B, Tq, D], (k, v) written cache or None).
         """
         B, T, _ = x.shape
-        heads_first = lambda y, n: y.reshape(B, T, n, self.head_size).transpose(0, 2, 1, 3)  # noqa: E731
-        q = apply_rope(heads_first(self.q_proj(x), self.num_heads), cos, sin)     # [B, H, T, hd]
-        k = apply_rope(heads_first(self.k_proj(x), self.num_kv_heads), cos, sin)
+        heads_first = lambda y, n: y.reshape(B, y.shape[1], n, self.head_size).transpose(0, 2, 1, 3)  # noqa: E731
+        k = apply_rope(heads_first(self.k_proj(x), self.num_kv_heads), cos, sin)  # [B, K, T, hd]
         kt = k.transpose(0, 1, 3, 2)                                              # [B, K, hd, T]
         v = heads_first(self.v_proj(x), self.num_kv_heads)                       # [B, K, T, hd]
+        if last_query_only:
+            x, cos, sin, mask = x[:, -1:], cos[:, -1:], sin[:, -1:], mask[:, :, -1:]
+        q = apply_rope(heads_first(self.q_proj(x), self.num_heads), cos, sin)     # [B, H, Tq, hd]
         new_kv = None
         if cache_kv is not None:
             ck, cv = cache_kv
@@ -142,8 +154,8 @@ class Qwen2Attention(nnx.Module):
             cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
             new_kv = (ck, cv)
             kt, v = ck.astype(q.dtype), cv.astype(q.dtype)
-        out = attention(q, kt, v, mask).transpose(0, 2, 1, 3)  # [B, T, H, hd]
-        return self.o_proj(out.reshape(B, T, self.num_heads * self.head_size)), new_kv
+        out = attention(q, kt, v, mask).transpose(0, 2, 1, 3)  # [B, Tq, H, hd]
+        return self.o_proj(out.reshape(B, -1, self.num_heads * self.head_size)), new_kv
 
 
 class Qwen2MLP(nnx.Module):
@@ -168,9 +180,12 @@ class Qwen2DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
         self.mlp = Qwen2MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None):
-        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, index)
-        x = x + h
+    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False):
+        """x [B, T, D] -> (x' [B, Tq, D], new (k, v) or None); Tq = 1 with last_query_only (the
+        layer's keys/values still cover all T tokens), else T. See Qwen2Attention."""
+        h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, index,
+                                   last_query_only)
+        x = (x[:, -1:] if last_query_only else x) + h
         return x + self.mlp(self.post_attention_layernorm(x)), new_kv
 
 
@@ -236,8 +251,14 @@ class Qwen2ForCausalLM(nnx.Module):
             return self.model.embed_tokens.attend(hidden)
         return self.lm_head(hidden)
 
-    def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None):
-        """Everything but the LM head: -> (hidden [B, T, D] after the final norm, new cache or None)."""
+    def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None,
+                      last_only: bool = False):
+        """Everything but the LM head: -> (hidden [B, T, D] after the final norm, new cache or None).
+
+        last_only (a prefill that needs only the next-token logits): hidden is [B, 1, D], the last
+        slot's, and the last layer computes keys and values for all T tokens but its queries,
+        attention output and MLP for the last slot only (same values as hidden[:, -1:]).
+        """
         B, T = input_ids.shape
         new_mask = (jnp.ones((B, T), bool) if attention_mask is None
                     else attention_mask.astype(bool))
@@ -258,11 +279,12 @@ class Qwen2ForCausalLM(nnx.Module):
         x = self.model.embed_tokens(input_ids)
         new_k, new_v = [], []
         for i, layer in enumerate(self.model.layers):
-            if cache is None and self.remat:
+            last = last_only and i == len(self.model.layers) - 1
+            if cache is None and self.remat and not last:
                 x = _remat_layer_output(layer, x, cos, sin, mask)
                 continue
             cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = layer(x, cos, sin, mask, cache_kv, index)
+            x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
+from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
 from hgpo_jax.rl.trainer import build_loss_config, build_optimizer
 
@@ -78,7 +79,8 @@ def plan(cfg) -> dict:
     step = make_train_step(graphdef, tx, build_loss_config(cfg), M // t.micro_batch_size, mesh,
                            shardings, opt_shardings)
     t0 = time.perf_counter()
-    compiled = step.lower(abs_params, abs_opt, mb).compile()
+    compiled = step.lower(abs_params, abs_opt, mb).compile(
+        compiler_options=plan_compiler_options(mesh))
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     n_dev = mesh.devices.size

@@ -38,6 +38,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.models.qwen2 import KVCache
+from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec
 from hgpo_jax.rl.advantages import bucket
 
@@ -206,7 +207,8 @@ def _generate_program(state, input_ids, attention_mask, row_valid, eos_ids, rng,
 
     # prefill into a cache of exactly Pn slots (its attention is Pn x Pn), then add N empty slots
     cache = _constrain_cache(KVCache.init(model.config, B, Pn, static.cache_dtype), static.mesh)
-    hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache)
+    hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
+                                        last_only=True)                   # [B, 1, D]
     cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
     logits = model.logits(hidden[:, -1])                                  # [B, V] last slot only
     rng, key = jax.random.split(rng)
@@ -383,7 +385,7 @@ class Sampler:
         if program is None:
             t0 = time.perf_counter()
             fn = jax.jit(lambda *a: _generate_program(*a, graphdef=graphdef, static=static))
-            program = fn.lower(*args).compile()
+            program = fn.lower(*args).compile(compiler_options=compiler_options(mesh, state))
             compile_s = time.perf_counter() - t0
             self.compile_s += compile_s
             self._programs[key] = program
