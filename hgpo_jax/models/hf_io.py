@@ -102,7 +102,9 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     if unused:
         warnings.warn(f"{folder}: {len(unused)} checkpoint tensors are not used by Qwen2: "
                       f"{unused[:5]}{' ...' if len(unused) > 5 else ''}", stacklevel=2)
-    return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    model.batch_mesh = mesh  # activations split over the batch axes like the inputs
+    return model
 
 
 def _parse_size(size: int | str) -> int:

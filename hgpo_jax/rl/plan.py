@@ -63,7 +63,7 @@ def plan(cfg) -> dict:
     t, r = cfg.train, cfg.rollout
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
-        rngs=nnx.Rngs(0), remat=t.remat)), nnx.Param)
+        rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=mesh)), nnx.Param)
     shardings = param_shardings(mesh, params)
     abs_params = _abstract(params, shardings)
     tx = build_optimizer(cfg)

@@ -176,9 +176,16 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def step(params, opt_state, mb):
-        micros = jax.tree.map(lambda x: x.reshape(num_micro, -1, *x.shape[1:]), mb)
+        # micro-batch j = rows j, j + num_micro, j + 2 num_micro, ...: every micro-batch is
+        # spread over all batch shards (a contiguous split would put whole micro-batches on one
+        # shard, and XLA would then run each micro-batch unsharded on every device)
+        micros = jax.tree.map(
+            lambda x: x.reshape(-1, num_micro, *x.shape[1:]).swapaxes(0, 1), mb)
 
         def body(acc, micro):
+            if mesh is not None:  # keep each micro-batch split over the batch axes
+                micro = {k: jax.lax.with_sharding_constraint(v, batch_sharding(mesh, v.ndim))
+                         for k, v in micro.items()}
             (loss, metrics), grads = grad_fn(params, micro)
             acc_grads, acc_loss, acc_metrics = acc
             return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss,
