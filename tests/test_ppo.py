@@ -69,6 +69,7 @@ def test_token_logprobs_equal_log_softmax_of_the_full_logits():
 
 def setup_step(mesh=None, lr=1e-3, num_micro=2):
     model = tiny_model()
+    model.batch_mesh = mesh  # as load_pretrained(mesh=...) sets it: activations split by batch
     graphdef, params = nnx.split(model, nnx.Param)
     params = shard_params(params, mesh)
     tx = make_optimizer(lr)
