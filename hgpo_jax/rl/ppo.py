@@ -16,7 +16,6 @@ tokens at a time, rematerialized in the backward pass), so the [S, L, vocab] fp3
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -199,13 +198,18 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
         loss = loss / num_micro
         metrics = jax.tree.map(lambda m: m / num_micro, metrics)
         finite = jnp.isfinite(loss) & _tree_all_finite(grads)
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        keep = partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+
+        def update(_):
+            updates, new_opt = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_opt
+
+        # a branch rather than an elementwise select of new vs old over the whole state: a
+        # skipped update does no optimizer work and returns the inputs as they were
+        new_params, new_opt = jax.lax.cond(finite, update, lambda _: (params, opt_state), None)
         out = {f"train/{k}": v for k, v in metrics.items()}
         out.update({"train/loss": loss, "train/grad_norm": optax.tree.norm(grads),
                     "train/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)})
-        return keep(new_params, params), keep(new_opt, opt_state), out
+        return new_params, new_opt, out
 
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))

@@ -145,6 +145,11 @@ class Trainer:
         from hgpo_jax.config import save_config
         from hgpo_jax.metrics import MetricsLogger
 
+        if jax.process_count() > 1:
+            raise RuntimeError(
+                f"this run has {jax.process_count()} JAX processes, but the trainer feeds rollouts "
+                "and mini-batches from one process (multi-host data loading is not implemented "
+                "yet); run one process per job: its mesh may span all of that host's devices")
         self.cfg, self.progress = cfg, progress
         self.run_dir = cfg.run_path()
         os.makedirs(self.run_dir, exist_ok=True)
