@@ -185,7 +185,10 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
             if mesh is not None:  # keep each micro-batch split over the batch axes
                 micro = {k: jax.lax.with_sharding_constraint(v, batch_sharding(mesh, v.ndim))
                          for k, v in micro.items()}
-            (loss, metrics), grads = grad_fn(params, micro)
+            # tie the weights to this micro-batch so XLA cannot hoist per-layer work on them (the
+            # FSDP all-gathers) out of the loop, which would keep whole gathered copies alive
+            p, micro = jax.lax.optimization_barrier((params, micro))
+            (loss, metrics), grads = grad_fn(p, micro)
             acc_grads, acc_loss, acc_metrics = acc
             return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss,
                     jax.tree.map(jnp.add, acc_metrics, metrics)), None
