@@ -14,7 +14,8 @@ are padded to a bucketed shape, and the result is cut back to lists.
 
 Shapes: B batch (bucketed), P prompt slots (bucketed), N new-token slots (bucketed), V vocabulary.
 
-Bucketing and compile counting: `Sampler` keeps one ahead-of-time compiled program per static
+Bucketing and compile counting: `Sampler` keeps one ahead-of-time compiled program (a prefill
+and a decode-loop executable) per static
 key (model graph, bucketed B/P/N, greedy or not, top_k, whether top_p filters, number of eos ids,
 parameter shardings). `Sampler.num_compiles` is the number of programs it has compiled. The
 module-level `generate` uses one shared `DEFAULT_SAMPLER` (see `compile_count()`); pass
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 import time
 from typing import Sequence
 
@@ -177,46 +179,56 @@ def _grow_cache(cache: KVCache, extra: int) -> KVCache:
                          key_mask=jnp.pad(cache.key_mask, ((0, 0), (0, extra))))
 
 
-def _generate_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, temperature,
-                      top_p, n_new, *, graphdef, static: _Static):
-    """The whole generation on device.
+def _sample_step(logits, key, temperature, top_p, static: _Static):
+    """sample_token with the program's static settings (top_p is ignored unless static.use_top_p)."""
+    return sample_token(logits, key, temperature, greedy=static.greedy, top_k=static.top_k,
+                        top_p=top_p if static.use_top_p else 1.0)
+
+
+def _record(i, token, lp, mlp, done, buffers, lengths, eos_ids):
+    """Write step i's outputs for rows not yet done; -> (buffers, lengths, done)."""
+    toks, lps, mlps = buffers
+    active = ~done
+    buffers = (toks.at[:, i].set(jnp.where(active, token, PAD_ID)),
+               lps.at[:, i].set(jnp.where(active, lp, 0.0)),
+               mlps.at[:, i].set(jnp.where(active, mlp, 0.0)))
+    is_eos = jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
+    return buffers, lengths + active.astype(jnp.int32), done | (active & is_eos)
+
+
+def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, temperature,
+                     top_p, *, graphdef, static: _Static):
+    """Prefill and the first token, on device.
 
     input_ids int32 [B, P] left-padded; attention_mask bool [B, P]; row_valid bool [B] (False on
-    dummy rows of the batch bucket); eos_ids int32 [E]; rng raw key; temperature, top_p float32 [];
-    n_new int32 [] (<= N). Returns tokens int32 [B, N], logprobs and model_logprobs float32 [B, N],
-    lengths int32 [B] (tokens of each row up to and including its first eos, at most n_new).
+    dummy rows of the batch bucket); eos_ids int32 [E]; rng raw key; temperature, top_p float32 [].
+    Returns the decode loop's carry: (step 1, token [B], cache with P + N slots, done [B],
+    (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]), lengths int32 [B], rng).
     """
     model = nnx.merge(graphdef, state)
     B, Pn = input_ids.shape
     N = static.max_new
-    top_p_arg = top_p if static.use_top_p else 1.0
-
-    def step(logits, key):
-        return sample_token(logits, key, temperature, greedy=static.greedy, top_k=static.top_k,
-                            top_p=top_p_arg)
-
-    def record(i, token, lp, mlp, done, buffers, lengths):
-        """Write step i's outputs for rows not yet done; -> (buffers, lengths, done)."""
-        toks, lps, mlps = buffers
-        active = ~done
-        buffers = (toks.at[:, i].set(jnp.where(active, token, PAD_ID)),
-                   lps.at[:, i].set(jnp.where(active, lp, 0.0)),
-                   mlps.at[:, i].set(jnp.where(active, mlp, 0.0)))
-        is_eos = jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
-        return buffers, lengths + active.astype(jnp.int32), done | (active & is_eos)
-
     # prefill into a cache of exactly Pn slots (its attention is Pn x Pn), then add N empty slots
     cache = _constrain_cache(KVCache.init(model.config, B, Pn, static.cache_dtype), static.mesh)
     hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
                                         last_only=True)                   # [B, 1, D]
     cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
-    logits = model.logits(hidden[:, -1])                                  # [B, V] last slot only
     rng, key = jax.random.split(rng)
-    token, lp, mlp = step(logits, key)
+    token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), key, temperature, top_p, static)
     buffers = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32),
                jnp.zeros((B, N), jnp.float32))
-    buffers, lengths, done = record(0, token, lp, mlp, ~row_valid, buffers,
-                                    jnp.zeros((B,), jnp.int32))
+    buffers, lengths, done = _record(0, token, lp, mlp, ~row_valid, buffers,
+                                     jnp.zeros((B,), jnp.int32), eos_ids)
+    return jnp.int32(1), token, cache, done, buffers, lengths, rng
+
+
+def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphdef,
+                    static: _Static):
+    """The decode loop on device: one `lax.while_loop` step per token until every row has an eos
+    or n_new (int32 [] <= N) tokens. carry: `_prefill_program`'s output. Returns
+    tokens int32 [B, N], logprobs and model_logprobs float32 [B, N], lengths int32 [B] (tokens
+    of each row up to and including its first eos, at most n_new)."""
+    model = nnx.merge(graphdef, state)
 
     def cond(carry):
         i, _, _, done, *_ = carry
@@ -228,11 +240,10 @@ def _generate_program(state, input_ids, attention_mask, row_valid, eos_ids, rng,
         hidden, cache = model.hidden_states(prev[:, None], attention_mask=~done[:, None],
                                             cache=cache)
         rng, key = jax.random.split(rng)
-        token, lp, mlp = step(model.logits(hidden[:, 0]), key)
-        buffers, lengths, done = record(i, token, lp, mlp, done, buffers, lengths)
+        token, lp, mlp = _sample_step(model.logits(hidden[:, 0]), key, temperature, top_p, static)
+        buffers, lengths, done = _record(i, token, lp, mlp, done, buffers, lengths, eos_ids)
         return i + 1, token, cache, done, buffers, lengths, rng
 
-    carry = (jnp.int32(1), token, cache, done, buffers, lengths, rng)
     _, _, _, _, (toks, lps, mlps), lengths, _ = jax.lax.while_loop(cond, body, carry)
     return toks, lps, mlps, lengths
 
@@ -380,23 +391,41 @@ class Sampler:
         args = (state, *self._place((ids, mask, valid), (eos, *scalars), mesh, state))
 
         key = (graphdef, _state_signature(state), ids.shape, eos.shape, static)
-        program = self._programs.get(key)
+        programs = self._programs.get(key)
         compile_s = 0.0
-        if program is None:
+        if programs is None:
             t0 = time.perf_counter()
-            fn = jax.jit(lambda *a: _generate_program(*a, graphdef=graphdef, static=static))
-            program = fn.lower(*args).compile(compiler_options=compiler_options(mesh, state))
+            programs = self._compile(graphdef, static, args, mesh, state)
             compile_s = time.perf_counter() - t0
             self.compile_s += compile_s
-            self._programs[key] = program
+            self._programs[key] = programs
 
-        toks, lps, mlps, lengths = jax.device_get(program(*args))
+        prefill, decode = programs
+        state_arg, _, _, _, eos_arg, _, temp_arg, top_p_arg, n_new_arg = args
+        carry = prefill(*args[:-1])
+        toks, lps, mlps, lengths = jax.device_get(
+            decode(state_arg, carry, eos_arg, temp_arg, top_p_arg, n_new_arg))
         n = len(prompts)
         return GenerateOutput(
             tokens=[toks[r, :lengths[r]].tolist() for r in range(n)],
             logprobs=[lps[r, :lengths[r]].tolist() for r in range(n)],
             model_logprobs=[mlps[r, :lengths[r]].tolist() for r in range(n)],
             num_compiles=self.num_compiles, compile_s=compile_s)
+
+    @staticmethod
+    def _compile(graphdef, static: _Static, args, mesh, state):
+        """The (prefill, decode) executables of one bucket. They get different XLA options: on
+        CPU the compute-bound prefill runs faster without YNNPACK fusions, the decode loop's
+        small per-token products with them (docs/sampling.md)."""
+        prefill = jax.jit(partial(_prefill_program, graphdef=graphdef, static=static)).lower(
+            *args[:-1]).compile(compiler_options=compiler_options(mesh, state, "prefill"))
+        carry = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
+                             prefill.out_info, prefill.output_shardings)
+        state_arg, _, _, _, eos_arg, _, temp_arg, top_p_arg, n_new_arg = args
+        decode = jax.jit(partial(_decode_program, graphdef=graphdef, static=static)).lower(
+            state_arg, carry, eos_arg, temp_arg, top_p_arg, n_new_arg).compile(
+            compiler_options=compiler_options(mesh, state, "decode"))
+        return prefill, decode
 
     @staticmethod
     def _place(batched, replicated, mesh, state):
