@@ -1,4 +1,4 @@
-"""Batched sampling from a Qwen2 policy: one compiled program per bucket of shapes.
+"""Batched sampling from a Qwen2 policy: one compiled program (prefill + decode loop) per bucket.
 
     from hgpo_jax.rl.sampling import generate
     out = generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
@@ -8,9 +8,11 @@
     out.model_logprobs  # log-prob of each token under the model itself (temperature 1, no filter)
 
 Device side (pure, under jit): the left-padded prompt batch is prefilled into a KV cache in one
-forward, then a `lax.while_loop` samples one token per step, feeds it back through the cache, and
-stops when every row has produced an eos or `max_new_tokens` tokens. Host side (NumPy): prompts
-are padded to a bucketed shape, and the result is cut back to lists.
+forward that also draws the first token (the prefill executable), then one `lax.while_loop` (the
+decode executable) samples one token per step, feeds it back through the cache, and stops when
+every row has produced an eos or `max_new_tokens` tokens. The cache passes from one to the other
+on device; they are two executables only so each gets its best XLA options. Host side (NumPy):
+prompts are padded to a bucketed shape, and the result is cut back to lists.
 
 Shapes: B batch (bucketed), P prompt slots (bucketed), N new-token slots (bucketed), V vocabulary.
 
