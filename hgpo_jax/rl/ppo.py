@@ -182,9 +182,6 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
             lambda x: x.reshape(-1, num_micro, *x.shape[1:]).swapaxes(0, 1), mb)
 
         def body(acc, micro):
-            if mesh is not None:  # keep each micro-batch split over the batch axes
-                micro = {k: jax.lax.with_sharding_constraint(v, batch_sharding(mesh, v.ndim))
-                         for k, v in micro.items()}
             # tie the weights to this micro-batch so XLA cannot hoist per-layer work on them (the
             # FSDP all-gathers) out of the loop, which would keep whole gathered copies alive
             p, micro = jax.lax.optimization_barrier((params, micro))

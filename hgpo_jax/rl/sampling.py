@@ -17,11 +17,10 @@ prompts are padded to a bucketed shape, and the result is cut back to lists.
 Shapes: B batch (bucketed), P prompt slots (bucketed), N new-token slots (bucketed), V vocabulary.
 
 Bucketing and compile counting: `Sampler` keeps one ahead-of-time compiled program (a prefill
-and a decode-loop executable) per static
-key (model graph, bucketed B/P/N, greedy or not, top_k, whether top_p filters, number of eos ids,
-parameter shardings). `Sampler.num_compiles` is the number of programs it has compiled. The
-module-level `generate` uses one shared `DEFAULT_SAMPLER` (see `compile_count()`); pass
-`sampler=Sampler()` for an isolated cache. Temperature, top_p's value, the rng, the eos ids and the
+and a decode-loop executable) per static key (model graph, bucketed B/P/N, greedy or not, top_k,
+whether top_p filters, number of eos ids, parameter shardings). `Sampler.num_compiles` is the
+number of programs it has compiled. The module-level `generate` uses one shared
+`DEFAULT_SAMPLER` (see `compile_count()`); pass `sampler=Sampler()` for an isolated cache. Temperature, top_p's value, the rng, the eos ids and the
 actual `max_new_tokens` are runtime arguments and never cause a compile.
 
 See docs/sampling.md.
@@ -31,8 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import partial
 import time
+from functools import partial
 from typing import Sequence
 
 import jax
@@ -346,6 +345,19 @@ def _state_signature(state) -> tuple:
 
 
 # --------------------------------------------------------------------------- host: the sampler
+def _prefill_args(args):
+    """generate's placed args (state, ids, mask, valid, eos, rng, temperature, top_p, n_new) ->
+    `_prefill_program`'s (all but n_new)."""
+    return args[:-1]
+
+
+def _decode_args(args, carry):
+    """generate's placed args and the prefill's carry -> `_decode_program`'s (state, carry, eos,
+    temperature, top_p, n_new)."""
+    state, _, _, _, eos, _, temperature, top_p, n_new = args
+    return state, carry, eos, temperature, top_p, n_new
+
+
 class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring).
 
@@ -403,10 +415,8 @@ class Sampler:
             self._programs[key] = programs
 
         prefill, decode = programs
-        state_arg, _, _, _, eos_arg, _, temp_arg, top_p_arg, n_new_arg = args
-        carry = prefill(*args[:-1])
-        toks, lps, mlps, lengths = jax.device_get(
-            decode(state_arg, carry, eos_arg, temp_arg, top_p_arg, n_new_arg))
+        carry = prefill(*_prefill_args(args))
+        toks, lps, mlps, lengths = jax.device_get(decode(*_decode_args(args, carry)))
         n = len(prompts)
         return GenerateOutput(
             tokens=[toks[r, :lengths[r]].tolist() for r in range(n)],
@@ -420,12 +430,11 @@ class Sampler:
         CPU the compute-bound prefill runs faster without YNNPACK fusions, the decode loop's
         small per-token products with them (docs/sampling.md)."""
         prefill = jax.jit(partial(_prefill_program, graphdef=graphdef, static=static)).lower(
-            *args[:-1]).compile(compiler_options=compiler_options(mesh, state, "prefill"))
+            *_prefill_args(args)).compile(compiler_options=compiler_options(mesh, state, "prefill"))
         carry = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
                              prefill.out_info, prefill.output_shardings)
-        state_arg, _, _, _, eos_arg, _, temp_arg, top_p_arg, n_new_arg = args
         decode = jax.jit(partial(_decode_program, graphdef=graphdef, static=static)).lower(
-            state_arg, carry, eos_arg, temp_arg, top_p_arg, n_new_arg).compile(
+            *_decode_args(args, carry)).compile(
             compiler_options=compiler_options(mesh, state, "decode"))
         return prefill, decode
 
