@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
-from hgpo_jax.models.sharding import BATCH_AXES, fit_spec
+from hgpo_jax.models.sharding import rows_sharding
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # HF initializer_range default
 MASKED_SCORE = -1e30  # additive score of a masked key: exp() underflows to 0, never overflows
@@ -307,9 +307,7 @@ class Qwen2ForCausalLM(nnx.Module):
         B); unchanged without a batch_mesh."""
         if self.batch_mesh is None:
             return x
-        spec = fit_spec(jax.sharding.PartitionSpec(BATCH_AXES), x.shape, self.batch_mesh)
-        return jax.lax.with_sharding_constraint(
-            x, jax.sharding.NamedSharding(self.batch_mesh, spec))
+        return jax.lax.with_sharding_constraint(x, rows_sharding(self.batch_mesh, x.shape))
 
     def num_params(self) -> int:
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))

@@ -70,6 +70,12 @@ def fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
     return P(*fitted)
 
 
+def rows_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """Dim 0 (rows) of an array of `shape` over the batch axes (data, fsdp) where they divide
+    it, the other dims replicated."""
+    return NamedSharding(mesh, fit_spec(P(BATCH_AXES), shape, mesh))
+
+
 def param_sharding(mesh: Mesh, path: str, shape: tuple[int, ...]) -> NamedSharding:
     """The NamedSharding of one parameter on `mesh`."""
     return NamedSharding(mesh, fit_spec(param_partition_spec(path), shape, mesh))

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.models.qwen2 import KVCache
 from hgpo_jax.models.xla_options import compiler_options
-from hgpo_jax.models.sharding import BATCH_AXES, fit_spec
+from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
 from hgpo_jax.rl.advantages import bucket
 
 DEFAULT_SEED = 0  # rng=None samples with jax.random.PRNGKey(DEFAULT_SEED)
@@ -162,8 +162,8 @@ def _constrain_cache(cache: KVCache, mesh) -> KVCache:
         return cache
     batch, slots = cache.key_mask.shape
     kv_spec = NamedSharding(mesh, fit_spec(P(BATCH_AXES, "tensor"), cache.k[0].shape, mesh))
-    row_spec = NamedSharding(mesh, fit_spec(P(BATCH_AXES), (batch,), mesh))
-    mask_spec = NamedSharding(mesh, fit_spec(P(BATCH_AXES), (batch, slots), mesh))
+    row_spec = rows_sharding(mesh, (batch,))
+    mask_spec = rows_sharding(mesh, (batch, slots))
     constrain = jax.lax.with_sharding_constraint
     return KVCache(k=tuple(constrain(k, kv_spec) for k in cache.k),
                    v=tuple(constrain(v, kv_spec) for v in cache.v),
@@ -449,8 +449,7 @@ class Sampler:
             return tuple(map(put, batched)) + tuple(map(put, replicated))
         out = []
         for x in batched:
-            spec = fit_spec(P(BATCH_AXES), x.shape, mesh)
-            out.append(jax.device_put(x, NamedSharding(mesh, spec)))
+            out.append(jax.device_put(x, rows_sharding(mesh, x.shape)))
         rep = NamedSharding(mesh, P())
         out.extend(jax.device_put(jnp.asarray(x), rep) for x in replicated)
         return tuple(out)
