@@ -237,6 +237,31 @@ def test_top_p_samples_only_the_nucleus_with_renormalized_frequencies():
     assert_samples_only_kept_tokens(tok, lp, keep, temperature)
 
 
+def test_two_level_categorical_matches_softmax_on_a_ragged_vocabulary_with_holes():
+    """categorical's block CDF (block 8 for V = 50: the last block is short and padded) draws
+    each token with its softmax probability, never a -inf token: not the first or last token,
+    not a whole empty block, not the holes inside a block."""
+    vocab = 50
+    assert sampling.cdf_block_size(vocab) == 8
+    logits = np.random.RandomState(5).normal(size=vocab) * 1.2
+    holes = np.zeros(vocab, bool)
+    holes[[0, 3, 9, 49]] = True            # edges of the vocabulary and of blocks
+    holes[16:24] = True                    # a whole block
+    logits = np.where(holes, -np.inf, logits)
+    keys = jax.random.split(jax.random.PRNGKey(11), N_DRAWS)
+    tok = np.asarray(jax.jit(jax.vmap(
+        lambda k: sampling.categorical(k, jnp.asarray(logits, jnp.float32)[None])[0]))(keys))
+    counts = np.bincount(tok, minlength=vocab)
+    assert counts[holes].sum() == 0
+    probs = np.exp(log_softmax(np.where(holes, -1e30, logits)))
+    probs[holes] = 0.0
+    assert chi_square_pvalue(counts, probs) > 1e-3
+    # a one-hot row (all mass on one token, every other weight 0) always returns that token
+    onehot = jnp.full((3, vocab), -jnp.inf).at[jnp.arange(3), jnp.asarray([0, 31, 49])].set(0.0)
+    for seed in range(5):
+        assert sampling.categorical(jax.random.PRNGKey(seed), onehot).tolist() == [0, 31, 49]
+
+
 def test_greedy_step_is_argmax_with_model_logprob():
     logits = jnp.asarray(np.stack([LOGITS, -LOGITS]), jnp.float32)
     tok, lp, mlp = sample_token(logits, jax.random.PRNGKey(0), 1.0, greedy=True)
