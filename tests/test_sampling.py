@@ -3,6 +3,9 @@ log-probs, eos handling, bucketing / compile counts, sharding, errors, and the b
 
 import importlib.util
 import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -417,4 +420,41 @@ def test_bench_sampler_runs(capsys):
     spec.loader.exec_module(module)
     res = module.main(["--batch", "2", "--prompt", "8", "--new", "4", "--repeats", "1"])
     assert res["jax_tok_s"] > 0 and res["torch_tok_s"] > 0 and res["num_compiles"] == 1
-    assert "ratio hgpo_jax/transformers" in capsys.readouterr().out
+    assert res["jax_dp_tok_s"] > 0 and res["devices"] == min(os.cpu_count(), 8)
+    out = capsys.readouterr().out
+    assert "ratio hgpo_jax (1 device)/transformers" in out
+    assert f"ratio hgpo_jax ({res['devices']} devices)/transformers" in out
+
+
+def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
+    """In a fresh interpreter: two CPU devices, a data-parallel generate on them equals the
+    one-device greedy output, and asking for another count after JAX ran raises with the fix."""
+    code = textwrap.dedent("""
+        import jax
+        from flax import nnx
+        from jax.sharding import NamedSharding, PartitionSpec
+        from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh, request_cpu_devices
+        from hgpo_jax.rl.sampling import generate
+        assert request_cpu_devices(2) == 2
+        assert len(jax.devices("cpu")) == 2
+        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        model = Qwen2ForCausalLM(cfg)
+        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+        one = generate(model, prompts, 6, temperature=0).tokens
+        mesh = make_mesh(data=2)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        nnx.update(model, jax.tree.map(lambda x: jax.device_put(x, replicated), nnx.state(model)))
+        assert generate(model, prompts, 6, temperature=0, mesh=mesh).tokens == one
+        try:
+            request_cpu_devices(3)
+        except RuntimeError as err:
+            assert "before any array is created" in str(err)
+        else:
+            raise AssertionError("no error after JAX started")
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
