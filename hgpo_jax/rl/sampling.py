@@ -131,8 +131,8 @@ def categorical(rng, logits):
     cumulative weight exceeds what is left of u. The result has exactly the distribution of a
     one-level inversion (P(block) * P(token | block)); on the bench vocabulary (4096) it makes a
     decode step about 15% cheaper. A token of probability 0 (-inf logit) is never returned: in
-    the ~1e-7 event that float rounding puts u on such a token (at the very top of a CDF), the
-    heaviest token of that level is returned instead.
+    the ~1e-7 event that float rounding puts u on such a token (at an edge of a level's CDF),
+    the heaviest token (or block) of that level is returned instead.
     """
     B, V = logits.shape
     block = cdf_block_size(V)
