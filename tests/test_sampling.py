@@ -432,8 +432,8 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
     code = textwrap.dedent("""
         import jax
         from flax import nnx
-        from jax.sharding import NamedSharding, PartitionSpec
         from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh, request_cpu_devices
+        from hgpo_jax.rl.ppo import shard_params
         from hgpo_jax.rl.sampling import generate
         assert request_cpu_devices(2) == 2
         assert len(jax.devices("cpu")) == 2
@@ -443,8 +443,7 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
         prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
         one = generate(model, prompts, 6, temperature=0).tokens
         mesh = make_mesh(data=2)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        nnx.update(model, jax.tree.map(lambda x: jax.device_put(x, replicated), nnx.state(model)))
+        nnx.update(model, shard_params(nnx.state(model), mesh))
         assert generate(model, prompts, 6, temperature=0, mesh=mesh).tokens == one
         try:
             request_cpu_devices(3)

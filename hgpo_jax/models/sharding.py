@@ -57,13 +57,14 @@ def request_cpu_devices(count: int | None = None) -> int:
     On a CPU host JAX starts one device whose ops share the cores through XLA's intra-op thread
     pool, which leaves cores idle on the many small ops of a decode loop. With one device per core
     and the params on a data-parallel mesh (`load_pretrained(path, mesh=make_mesh(data=count))`),
-    `generate` (and the train step, with `mesh.data=count`) splits the batch over the cores: the sampler benchmark
-    goes from ~1.8x to ~2.1-2.3x transformers' speed on a 2-core CPU (docs/sampling.md, "CPU
-    hosts"). Must run before JAX's first computation (it sets `jax_num_cpu_devices`, which JAX
+    `generate` (and the train step, with `mesh.data=count`) splits the batch over the cores:
+    the sampler benchmark goes from ~1.8x to ~2.1-2.3x transformers' speed on a 2-core CPU
+    (docs/sampling.md, "CPU hosts"). Must run before JAX's first computation (it sets `jax_num_cpu_devices`, which JAX
     reads when it starts its backends); asking for a different count later raises RuntimeError.
     No effect on GPU/TPU devices.
     """
-    count = count or os.cpu_count() or 1
+    if count is None:
+        count = os.cpu_count() or 1
     if count < 1:
         raise ValueError(f"request_cpu_devices needs a positive device count, got {count}")
     try:
