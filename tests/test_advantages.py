@@ -17,6 +17,9 @@ from reference_advantages import reference_hierarchy_stats, reference_step_advan
 
 from hgpo_jax.rl import (  # noqa: E402
     ESTIMATORS,
+    LEVEL_WEIGHTS,
+    PENALTY_PLACEMENTS,
+    STATS,
     GroupIndex,
     build_step_groups,
     compute_step_advantages,
@@ -26,6 +29,7 @@ from hgpo_jax.rl import (  # noqa: E402
     hierarchy_stats,
     prepare_batch,
 )
+from hgpo_jax.rl.advantages import penalized_returns  # noqa: E402
 
 ATOL = 1e-5
 REWARDS = (0.0, 0.0, 0.0, 1.0, -1.0, 0.5, 10.0)  # zeros twice as likely: equal returns are common
@@ -33,12 +37,18 @@ COLUMNS = ("task_ids", "traj_ids", "step_ids", "anchors", "rewards")
 
 
 def columns(rows):
-    """rows [(task, traj, step, anchor, reward)] -> the five per-step lists."""
-    return [list(c) for c in zip(*rows)] if rows else [[], [], [], [], []]
+    """rows [(task, traj, step, anchor, reward[, valid])] -> the five per-step lists."""
+    return [list(c) for c in zip(*rows)][:5] if rows else [[], [], [], [], []]
+
+
+def validity(rows):
+    """The rows' `valid` column (their optional sixth field), or None."""
+    return [bool(r[5]) for r in rows] if rows and len(rows[0]) > 5 else None
 
 
 def check_against_reference(estimator, rows, **kw):
     cols = columns(rows)
+    kw.setdefault("valid", validity(rows))
     got = compute_step_advantages(estimator, *cols, **kw)
     want = np.asarray(reference_step_advantages(estimator, *cols, **kw))
     assert got.dtype == np.float32 and got.shape == (len(rows),)
@@ -51,9 +61,10 @@ def check_against_reference(estimator, rows, **kw):
 
 
 @st.composite
-def batches(draw):
-    """(rows, permutation): 1-4 tasks, 1-5 trajectories each, lengths 1-8, anchors from a small
-    alphabet (so groups collide) and rewards from a small set (so returns tie)."""
+def batches(draw, with_valid=False):
+    """Shuffled rows: 1-4 tasks, 1-5 trajectories each, lengths 1-8, anchors from a small
+    alphabet (so groups collide) and rewards from a small set (so returns tie); with_valid adds a
+    sixth field, the step's validity (invalid about a third of the time)."""
     alphabet = draw(st.sampled_from(("ab", "abc", "abcd")))
     rows = []
     traj = 0
@@ -62,7 +73,9 @@ def batches(draw):
             length = draw(st.integers(1, 8))
             anchors = draw(st.lists(st.sampled_from(alphabet), min_size=length, max_size=length))
             rewards = draw(st.lists(st.sampled_from(REWARDS), min_size=length, max_size=length))
-            rows += [(f"task{task}", f"traj{traj}", t, anchors[t], rewards[t]) for t in range(length)]
+            valid = draw(st.lists(st.sampled_from((True, True, False)), min_size=length, max_size=length))
+            rows += [(f"task{task}", f"traj{traj}", t, anchors[t], rewards[t]) + ((valid[t],) if with_valid else ())
+                     for t in range(length)]
             traj += 1
     order = draw(st.permutations(range(len(rows))))
     return [rows[i] for i in order]
@@ -76,11 +89,36 @@ options = st.fixed_dictionaries({
     "omega": st.sampled_from((1.0, 0.5)),
 })
 
+semantics = st.fixed_dictionaries({
+    "invalid_penalty": st.sampled_from((0.1, 0.0, 1.0)),
+    "penalty_placement": st.sampled_from(PENALTY_PLACEMENTS),
+    "stats": st.sampled_from(STATS),
+    "level_weights": st.sampled_from(LEVEL_WEIGHTS),
+    "base_group": st.booleans(),
+})
+
+
+def one_score_per_trajectory_needed(estimator, rows, sem):
+    """stats='paper' with penalty_placement='row' cannot give a penalized trajectory one score."""
+    penalized = sem["invalid_penalty"] and not all(validity(rows) or [True])
+    return (sem["stats"] == "paper" and sem["penalty_placement"] == "row" and penalized
+            and (estimator != "hgpo" or sem["base_group"]))
+
 
 @settings(max_examples=150, deadline=None)
 @given(rows=batches(), estimator=st.sampled_from(ESTIMATORS), kw=options)
 def test_matches_reference_on_random_batches(rows, estimator, kw):
     check_against_reference(estimator, rows, **kw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=batches(with_valid=True), estimator=st.sampled_from(ESTIMATORS), kw=options, sem=semantics)
+def test_matches_reference_with_penalties_and_every_semantics_option(rows, estimator, kw, sem):
+    if one_score_per_trajectory_needed(estimator, rows, sem):
+        with pytest.raises(ValueError, match="penalty_placement='reward'"):
+            compute_step_advantages(estimator, *columns(rows), valid=validity(rows), **kw, **sem)
+        return
+    check_against_reference(estimator, rows, **kw, **sem)
 
 
 @settings(max_examples=60, deadline=None)
@@ -96,8 +134,10 @@ def test_hierarchy_stats_matches_reference(rows, K):
 @settings(max_examples=60, deadline=None)
 @given(rows=batches(), kw=options)
 def test_hgpo_K0_is_gigpo_without_episode_term(rows, kw):
+    # with the paper's statistics and weights (the authors' gigpo uses the unbiased std in its
+    # step term and their hgpo the population std, so the identity holds only here)
     cols = columns(rows)
-    kw = dict(kw, K=0, omega=1.0)
+    kw = dict(kw, K=0, omega=1.0, stats="paper", level_weights="paper")
     hgpo = compute_step_advantages("hgpo", *cols, **kw)
     gigpo = compute_step_advantages("gigpo", *cols, **kw)
     grpo = compute_step_advantages("grpo", *cols, **kw)
@@ -173,23 +213,29 @@ def row_of(rows, traj, step):
     return next(i for i, r in enumerate(rows) if r[1] == traj and r[2] == step)
 
 
+@pytest.mark.parametrize("level_weights", LEVEL_WEIGHTS)
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
 @pytest.mark.parametrize("mode", ["mean_std_norm", "mean_norm"])
-def test_hgpo_hand_example(alpha, mode):
+def test_hgpo_hand_example(alpha, mode, level_weights):
     rows = hand_rows()
-    adv, _ = check_against_reference("hgpo", rows, gamma=0.5, K=1, alpha=alpha, mode=mode)
-    std = math.sqrt(0.1875) if mode == "mean_std_norm" else 1.0
+    eps = 1e-6
+    adv, _ = check_against_reference("hgpo", rows, gamma=0.5, K=1, alpha=alpha, mode=mode, eps=eps,
+                                     level_weights=level_weights)
+    std = math.sqrt(0.1875) if mode == "mean_std_norm" else 1.0  # population std at every level
     half = 0.5 if mode == "mean_std_norm" else 1.0  # std of {1, 0} is .5
-    a0 = 0.25 / std  # A at step 1, level 0
-    a1 = 0.5 / half  # A at step 1, level 1 (group {A: 1, B: 0})
-    w1 = 2.0 ** alpha
+    a0 = 0.25 / (std + eps)  # A at step 1, depth 0
+    a1 = 0.5 / (half + eps)  # A at step 1, depth 1 (group {A: 1, B: 0})
+    # verl-agent: weight (d + 2)^alpha, sum + eps in the denominator; paper: (d + 1)^alpha
+    w0, w1 = (2.0 ** alpha, 3.0 ** alpha) if level_weights == "verl-agent" else (1.0, 2.0 ** alpha)
+    extra = eps if level_weights == "verl-agent" else 0.0
+    a_x = 0.25 / (0.25 + eps) if mode == "mean_std_norm" else 0.25  # step 0, group {.5, 0}
     expected = {
-        ("A", 1): (a0 + w1 * a1) / (1 + w1),
-        ("B", 1): (-0.75 / std - w1 * a1) / (1 + w1),
-        ("C", 1): a0,  # level 1 group {1, 1} gives A_1 = 0 exactly: skipped
-        ("D", 1): a0,
-        ("A", 0): 0.25 / (0.25 if mode == "mean_std_norm" else 1.0),
-        ("B", 0): -0.25 / (0.25 if mode == "mean_std_norm" else 1.0),
+        ("A", 1): (w0 * a0 + w1 * a1) / (w0 + w1 + extra),
+        ("B", 1): (w0 * -0.75 / (std + eps) - w1 * a1) / (w0 + w1 + extra),
+        ("C", 1): w0 * a0 / (w0 + extra),  # level 1 group {1, 1} gives A_1 = 0 exactly: skipped
+        ("D", 1): w0 * a0 / (w0 + extra),
+        ("A", 0): w0 * a_x / (w0 + extra),
+        ("B", 0): -w0 * a_x / (w0 + extra),
         ("C", 0): 0.0,  # only level 0 exists and it is exactly 0
         ("D", 0): 0.0,
     }
@@ -198,12 +244,13 @@ def test_hgpo_hand_example(alpha, mode):
     assert adv[row_of(rows, "C", 0)] == 0.0 and adv[row_of(rows, "D", 0)] == 0.0
 
 
-def test_gigpo_and_grpo_and_rloo_hand_example():
+def test_gigpo_and_grpo_and_rloo_hand_example_with_the_papers_statistics():
     rows = hand_rows()
     std = math.sqrt(0.1875)
-    grpo, _ = check_against_reference("grpo", rows, gamma=0.5)
-    rloo, _ = check_against_reference("rloo", rows, gamma=0.5)
-    gigpo, _ = check_against_reference("gigpo", rows, gamma=0.5, omega=0.5)
+    kw = dict(gamma=0.5, stats="paper")
+    grpo, _ = check_against_reference("grpo", rows, **kw)
+    rloo, _ = check_against_reference("rloo", rows, **kw)
+    gigpo, _ = check_against_reference("gigpo", rows, omega=0.5, **kw)
     for traj, g in {"A": 1.0, "B": 0.0, "C": 1.0, "D": 1.0}.items():
         for step in (0, 1):
             i = row_of(rows, traj, step)
@@ -213,6 +260,25 @@ def test_gigpo_and_grpo_and_rloo_hand_example():
     assert gigpo[row_of(rows, "A", 1)] == pytest.approx(0.25 / std * 1.5, abs=1e-5)
     # gigpo at step 0 of C: grpo value + .5 * 0 (its step group {.5, .5} is all equal)
     assert gigpo[row_of(rows, "C", 0)] == pytest.approx(0.25 / std, abs=1e-5)
+
+
+def test_gigpo_and_grpo_and_rloo_hand_example_with_the_authors_statistics():
+    # every step row carries its trajectory's score: the task's 8 rows hold {1, 1, 0, 0, 1, 1, 1, 1},
+    # mean .75, unbiased std sqrt(1.5 / 7); rloo: (x - .75) * 8 / 7
+    rows = hand_rows()
+    std = math.sqrt(1.5 / 7)
+    grpo, _ = check_against_reference("grpo", rows, gamma=0.5)
+    rloo, _ = check_against_reference("rloo", rows, gamma=0.5)
+    gigpo, _ = check_against_reference("gigpo", rows, gamma=0.5, omega=0.5)
+    for traj, g in {"A": 1.0, "B": 0.0, "C": 1.0, "D": 1.0}.items():
+        for step in (0, 1):
+            i = row_of(rows, traj, step)
+            assert grpo[i] == pytest.approx((g - 0.75) / std, abs=1e-5)
+            assert rloo[i] == pytest.approx((g - 0.75) * 8 / 7, abs=1e-6)
+    # gigpo's step term at step 1 of A: R = 1 in {1, 0, 1, 1}, unbiased std .5 -> .5
+    assert gigpo[row_of(rows, "A", 1)] == pytest.approx(0.25 / std + 0.5 * 0.5, abs=1e-5)
+    # at step 0 of A: R = .5 in {.5, 0}, unbiased std sqrt(.125) -> .25 / sqrt(.125)
+    assert gigpo[row_of(rows, "A", 0)] == pytest.approx(0.25 / std + 0.5 * 0.25 / math.sqrt(0.125), abs=1e-5)
 
 
 def exact_mean_rows(length, scale):
@@ -295,9 +361,106 @@ def test_levels_need_t_at_least_k():
 
 
 def test_single_step_and_single_row_batches():
+    eps = 1e-6
+    # the authors' statistics: a task with one row keeps its raw score (mean 0, std 1); the step
+    # term of a group of one is 0; hgpo's levels of one give no value
+    authors = {"grpo": 1.0 / (1.0 + eps), "rloo": 1.0, "gigpo": 1.0 / (1.0 + eps), "hgpo": 0.0}
     for estimator in ESTIMATORS:
-        assert compute_step_advantages(estimator, ["t"], ["a"], [0], ["s"], [1.0]).tolist() == [0.0]
+        got = compute_step_advantages(estimator, ["t"], ["a"], [0], ["s"], [1.0], eps=eps)
+        assert got.tolist() == [pytest.approx(authors[estimator], abs=1e-7)]
+        assert compute_step_advantages(estimator, ["t"], ["a"], [0], ["s"], [1.0], stats="paper").tolist() == [0.0]
         check_against_reference(estimator, [("t", "a", 0, "s", 1.0), ("t", "b", 0, "s", 0.0)], K=2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The authors' semantics, hand-checked: penalty placement, row-weighted statistics, singletons,
+# level weights, the base group
+
+
+def test_penalty_is_subtracted_from_the_invalid_rows_return_and_score_only():
+    # one trajectory of 3 steps, step 1 invalid, reward 10 at step 2, gamma .5, penalty .1
+    batch = prepare_batch(["T"] * 3, ["a"] * 3, [0, 1, 2], ["x", "y", "z"], [0.0, 0.0, 10.0],
+                          [True, False, True])
+    R, score = penalized_returns(batch, 0.5, 0.1, "row")
+    np.testing.assert_allclose(R, [2.5, 5.0 - 0.1, 10.0])  # step 0 does not see the penalty
+    np.testing.assert_allclose(score, [10.0, 10.0 - 0.1, 10.0])  # nor do the other rows' scores
+    R, score = penalized_returns(batch, 0.5, 0.1, "reward")
+    np.testing.assert_allclose(R, [2.5 - 0.05, 5.0 - 0.1, 10.0])  # discounted into step 0
+    np.testing.assert_allclose(score, [9.9, 9.9, 9.9])  # summed into every row's score
+
+
+def test_penalty_placement_changes_the_advantages_as_described():
+    # task T: a fails with an invalid step 1; b fails, all valid. gamma 1, penalty 1, mean_norm.
+    rows = [("T", "a", 0, "x", 0.0, True), ("T", "a", 1, "y", 0.0, False),
+            ("T", "b", 0, "x", 0.0, True), ("T", "b", 1, "y", 0.0, True)]
+    kw = dict(valid=validity(rows), invalid_penalty=1.0, gamma=1.0, mode="mean_norm")
+    row = compute_step_advantages("grpo", *columns(rows), **kw)
+    # row scores {0, -1, 0, 0}: mean -.25; only a's invalid row is below the mean
+    np.testing.assert_allclose(row, [0.25, -0.75, 0.25, 0.25])
+    reward = compute_step_advantages("grpo", *columns(rows), penalty_placement="reward", **kw)
+    np.testing.assert_allclose(reward, [-0.5, -0.5, 0.5, 0.5])  # a's score is -1 on both rows
+    hgpo = compute_step_advantages("hgpo", *columns(rows), K=0, level_weights="paper", **kw)
+    np.testing.assert_allclose(hgpo, [0.0, -0.5, 0.0, 0.5])  # step 0 group {0, 0}: exactly 0
+    hgpo = compute_step_advantages("hgpo", *columns(rows), K=0, level_weights="paper",
+                                   penalty_placement="reward", **kw)
+    np.testing.assert_allclose(hgpo, [-0.5, -0.5, 0.5, 0.5])  # R_0 of a = -1 too
+    with pytest.raises(ValueError, match="penalty_placement='reward'"):
+        compute_step_advantages("grpo", *columns(rows), stats="paper", **kw)
+
+
+def test_episode_statistics_weigh_trajectories_by_their_length():
+    # task T: a succeeds after 3 steps (score 10 on 3 rows), b fails in 1 step (score 0 on 1 row)
+    rows = [("T", "a", t, f"s{t}", 10.0 * (t == 2)) for t in range(3)] + [("T", "b", 0, "s0", 0.0)]
+    eps = 1e-6
+    grpo = compute_step_advantages("grpo", *columns(rows), eps=eps)
+    # rows {10, 10, 10, 0}: mean 7.5, unbiased std 5
+    np.testing.assert_allclose(grpo, [2.5 / (5 + eps)] * 3 + [-7.5 / (5 + eps)], rtol=1e-6)
+    rloo = compute_step_advantages("rloo", *columns(rows))
+    np.testing.assert_allclose(rloo, [2.5 * 4 / 3] * 3 + [-10.0], rtol=1e-6)
+    # the paper: one value per trajectory {10, 0}, population std 5
+    paper = compute_step_advantages("grpo", *columns(rows), stats="paper", eps=eps)
+    np.testing.assert_allclose(paper, [5 / (5 + eps)] * 3 + [-5 / (5 + eps)], rtol=1e-6)
+    np.testing.assert_allclose(compute_step_advantages("rloo", *columns(rows), stats="paper"),
+                               [10.0] * 3 + [-10.0], rtol=1e-6)
+    mean_norm = compute_step_advantages("grpo", *columns(rows), mode="mean_norm")
+    np.testing.assert_allclose(mean_norm, [2.5] * 3 + [-7.5], rtol=1e-6)
+
+
+def test_gigpo_step_term_uses_the_unbiased_std_and_a_group_of_one_adds_zero():
+    # two tasks; in task U the only trajectory has one row: its episode term keeps the raw score
+    rows = [("T", "a", 0, "x", 1.0), ("T", "b", 0, "x", 0.0), ("T", "c", 0, "z", 4.0),
+            ("U", "d", 0, "x", 3.0)]
+    eps = 1e-6
+    gigpo = compute_step_advantages("gigpo", *columns(rows), eps=eps, omega=1.0)
+    grpo = compute_step_advantages("grpo", *columns(rows), eps=eps)
+    # step groups: (T, x) = {1, 0}: unbiased std sqrt(.5); (T, z) and (U, x) alone -> 0
+    step = np.array([0.5 / (math.sqrt(0.5) + eps), -0.5 / (math.sqrt(0.5) + eps), 0.0, 0.0])
+    np.testing.assert_allclose(gigpo - grpo, step, rtol=1e-5, atol=1e-6)
+    assert grpo[3] == pytest.approx(3.0 / (1 + eps), rel=1e-7)  # a task of one row: raw score
+    assert compute_step_advantages("rloo", *columns(rows))[3] == 3.0
+    paper = compute_step_advantages("gigpo", *columns(rows), eps=eps, stats="paper")
+    paper_grpo = compute_step_advantages("grpo", *columns(rows), eps=eps, stats="paper")
+    np.testing.assert_allclose(paper - paper_grpo, [1 / (1 + 2 * eps), -1 / (1 + 2 * eps), 0, 0], rtol=1e-5)
+    assert paper_grpo[3] == 0.0
+
+
+def test_hgpo_base_group_adds_the_episode_value_with_weight_one():
+    rows = hand_rows()  # see test_hgpo_hand_example; all trajectories have 2 steps
+    eps = 1e-6
+    kw = dict(gamma=0.5, K=1, eps=eps)
+    plain = compute_step_advantages("hgpo", *columns(rows), **kw)
+    with_base, _ = check_against_reference("hgpo", rows, base_group=True, **kw)
+    grpo = compute_step_advantages("grpo", *columns(rows), eps=eps)
+    # step 0 of C: no level value (its group {.5, .5} is exactly 0): the base alone
+    i = row_of(rows, "C", 0)
+    assert with_base[i] == pytest.approx(grpo[i] / (1 + eps), rel=1e-6)
+    # step 0 of A: one level (depth 0, weight 2) plus the base (weight 1)
+    i = row_of(rows, "A", 0)
+    a0 = plain[i] * (2 + eps) / 2
+    assert with_base[i] == pytest.approx((2 * a0 + grpo[i]) / (3 + eps), rel=1e-5)
+    # a base value of exactly 0 is skipped like a level's
+    flat = [("T", tr, t, "x", 0.0) for tr in "ab" for t in range(2)]
+    assert compute_step_advantages("hgpo", *columns(flat), base_group=True).tolist() == [0.0] * 4
 
 
 def test_empty_batch_returns_empty_array():
@@ -377,8 +540,25 @@ def test_bad_input_raises(cols, message):
         compute_step_advantages("hgpo", *cols)
 
 
+def test_bad_valid_column_raises():
+    with pytest.raises(ValueError, match="same length"):
+        compute_step_advantages("hgpo", *GOOD, valid=[True, False])
+    with pytest.raises(ValueError, match="0/1"):
+        compute_step_advantages("hgpo", *GOOD, valid=[1, 2, 0])
+    with pytest.raises(ValueError, match="booleans"):
+        compute_step_advantages("hgpo", *GOOD, valid=["yes", "no", "yes"])
+    ok = compute_step_advantages("hgpo", *GOOD, valid=[1, 0, 1])
+    np.testing.assert_array_equal(ok, compute_step_advantages("hgpo", *GOOD, valid=[True, False, True]))
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"estimator": "ppo"}, "unknown estimator"),
+    ({"penalty_placement": "episode"}, "unknown penalty_placement"),
+    ({"stats": "torch"}, "unknown stats"),
+    ({"level_weights": "uniform"}, "unknown level_weights"),
+    ({"invalid_penalty": -0.1}, "invalid_penalty"),
+    ({"invalid_penalty": float("nan")}, "invalid_penalty"),
+    ({"base_group": "yes"}, "base_group"),
     ({"mode": "zscore"}, "unknown mode"),
     ({"K": -1}, "K"),
     ({"K": 1.5}, "K"),

@@ -5,7 +5,11 @@ See docs/advantages.md.
 
 from hgpo_jax.rl.advantages import (
     ESTIMATORS,
+    INVALID_PENALTY,
+    LEVEL_WEIGHTS,
     MODES,
+    PENALTY_PLACEMENTS,
+    STATS,
     compute_step_advantages,
     device_step_advantages,
     step_advantages_from_index,
@@ -13,6 +17,7 @@ from hgpo_jax.rl.advantages import (
 from hgpo_jax.rl.grouping import (
     GroupIndex,
     StepBatch,
+    build_row_task_groups,
     build_step_groups,
     build_trajectory_groups,
     discounted_returns,
@@ -25,10 +30,15 @@ from hgpo_jax.rl.loss import AGGS, KL_TYPES, ppo_kl_loss, ppo_kl_loss_jit
 __all__ = [
     "AGGS",
     "ESTIMATORS",
+    "INVALID_PENALTY",
     "KL_TYPES",
+    "LEVEL_WEIGHTS",
     "MODES",
+    "PENALTY_PLACEMENTS",
+    "STATS",
     "GroupIndex",
     "StepBatch",
+    "build_row_task_groups",
     "build_step_groups",
     "build_trajectory_groups",
     "compute_step_advantages",

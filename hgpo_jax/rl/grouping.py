@@ -5,7 +5,8 @@ Everything here is NumPy on the host and never runs under `jax.jit`. The device 
 
 A batch is N steps given as flat arrays in any order (docs/advantages.md):
 `task_ids` [N], `traj_ids` [N], `step_ids` [N] (0..n-1 within each trajectory), `anchors` [N]
-(hashable; usually the observation text) and `rewards` [N].
+(hashable; usually the observation text), `rewards` [N] (the env's rewards) and optionally
+`valid` [N] (whether the step's reply held a valid action).
 
 Internally rows are put in *canonical order*: sorted by (trajectory, step). `StepBatch.order`
 maps canonical rows back to input rows, so `out[batch.order] = canonical_values` restores the
@@ -63,6 +64,7 @@ class StepBatch:
       traj_start: int64 [T]. Canonical row of each trajectory's step 0.
       traj_len: int64 [T]. Number of steps of each trajectory.
       rewards: float64 [N] or None. Rewards in canonical order (None when not given).
+      valid: bool [N]. Validity of each step's action in canonical order (all True when not given).
       num_tasks: P.
       num_anchors: number of distinct anchors.
     """
@@ -75,6 +77,7 @@ class StepBatch:
     traj_start: np.ndarray
     traj_len: np.ndarray
     rewards: np.ndarray | None
+    valid: np.ndarray
     num_tasks: int
     num_anchors: int
 
@@ -135,11 +138,12 @@ def _as_1d(values, what: str) -> np.ndarray | list:
 # Validation and canonical order
 
 
-def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None) -> StepBatch:
+def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=None) -> StepBatch:
     """Validate the flat per-step arrays and put them in canonical (trajectory, step) order.
 
     Args:
       task_ids, traj_ids, anchors: [N] hashables. step_ids: [N] ints. rewards: [N] floats or None.
+      valid: [N] bools (or 0/1 numbers) or None (= every step valid).
     Returns:
       StepBatch.
     Raises:
@@ -156,6 +160,9 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None) -> StepBa
     if rewards is not None:
         rewards = np.asarray(rewards)
         lengths["rewards"] = rewards.shape[0] if rewards.ndim else -1
+    if valid is not None:
+        valid = np.asarray(valid)
+        lengths["valid"] = valid.shape[0] if valid.ndim else -1
     if len(set(lengths.values())) != 1 or steps.ndim != 1:
         raise ValueError(f"all per-step inputs must be 1-D with the same length N; got lengths {lengths}")
     n = steps.shape[0]
@@ -174,6 +181,14 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None) -> StepBa
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"rewards must be finite: {int(bad.sum())} NaN/inf value(s), first at row {i} "
                              f"(value {rewards[i]})")
+    if valid is None:
+        valid = np.ones(n, bool)
+    elif valid.dtype != bool:
+        if n and not np.issubdtype(valid.dtype, np.number):
+            raise ValueError(f"valid must be booleans (or 0/1), got dtype {valid.dtype}")
+        if n and not np.all((valid == 0) | (valid == 1)):
+            raise ValueError(f"valid must be booleans (or 0/1), got values {np.unique(valid)[:5].tolist()}")
+        valid = valid.astype(bool)
     if n and steps.min() < 0:
         i = int(np.argmin(steps))
         raise ValueError(f"step_ids must be >= 0; row {i} has step {steps[i]}")
@@ -219,6 +234,7 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None) -> StepBa
         traj_start=traj_start,
         traj_len=traj_len,
         rewards=None if rewards is None else rewards[order],
+        valid=valid[order],
         num_tasks=num_tasks,
         num_anchors=num_anchors,
     )
@@ -237,14 +253,22 @@ def _preview(a: np.ndarray, limit: int = 12) -> str:
 # Returns
 
 
-def discounted_returns(batch: StepBatch, gamma: float) -> np.ndarray:
+def _rewards_of(batch: StepBatch, rewards: np.ndarray | None, what: str) -> np.ndarray:
+    if rewards is not None:
+        return rewards
+    if batch.rewards is None:
+        raise ValueError(f"{what} needs rewards; pass rewards to prepare_batch")
+    return batch.rewards
+
+
+def discounted_returns(batch: StepBatch, gamma: float, rewards: np.ndarray | None = None) -> np.ndarray:
     """R_t = sum_{j >= t} gamma^(j-t) r_j within each trajectory, float64 [N] canonical order.
 
-    Computed with the recurrence R_t = r_t + gamma * R_{t+1} (R past the end = 0) in float64, one
-    vectorized update per step index t (a loop over max trajectory length, never over rows).
+    `rewards` [N] (canonical order) replaces the batch's rewards when given. Computed with the
+    recurrence R_t = r_t + gamma * R_{t+1} (R past the end = 0) in float64, one vectorized update
+    per step index t (a loop over max trajectory length, never over rows).
     """
-    if batch.rewards is None:
-        raise ValueError("discounted_returns needs rewards; pass rewards to prepare_batch")
+    r = _rewards_of(batch, rewards, "discounted_returns")
     n = batch.num_steps
     out = np.zeros(n, np.float64)
     if n == 0:
@@ -255,7 +279,6 @@ def discounted_returns(batch: StepBatch, gamma: float) -> np.ndarray:
     is_last = np.zeros(n, bool)
     is_last[batch.traj_start + batch.traj_len - 1] = True
     nxt = np.append(out, 0.0)  # out[n] stays 0 and serves as "after the end"
-    r = batch.rewards
     for t in range(int(batch.step.max()), -1, -1):
         rows = rows_by_step[bounds[t]:bounds[t + 1]]
         following = np.where(is_last[rows], n, rows + 1)
@@ -263,13 +286,13 @@ def discounted_returns(batch: StepBatch, gamma: float) -> np.ndarray:
     return nxt[:n].copy()
 
 
-def episode_returns(batch: StepBatch) -> np.ndarray:
-    """Plain (undiscounted) sum of each trajectory's rewards, float64 [T], summed in step order."""
-    if batch.rewards is None:
-        raise ValueError("episode_returns needs rewards; pass rewards to prepare_batch")
+def episode_returns(batch: StepBatch, rewards: np.ndarray | None = None) -> np.ndarray:
+    """Plain (undiscounted) sum of each trajectory's rewards, float64 [T], summed in step order.
+    `rewards` [N] (canonical order) replaces the batch's rewards when given."""
+    r = _rewards_of(batch, rewards, "episode_returns")
     if batch.num_trajectories == 0:
         return np.zeros(0, np.float64)
-    return np.add.reduceat(batch.rewards, batch.traj_start)
+    return np.add.reduceat(r, batch.traj_start)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,10 +351,20 @@ def build_step_groups(batch: StepBatch, K: int) -> GroupIndex:
 
 
 def build_trajectory_groups(batch: StepBatch) -> GroupIndex:
-    """grpo/rloo grouping: one row per trajectory, grouped by task. ids int32 [T, 1]."""
+    """Episode-level grouping with one value per trajectory (the paper's equations): trajectories
+    grouped by task. ids int32 [T, 1]."""
     ids = batch.task_of_traj.astype(np.int32).reshape(-1, 1)
     sizes = np.bincount(batch.task_of_traj, minlength=batch.num_tasks).astype(np.int32)
     return GroupIndex(ids=ids, sizes=sizes, num_groups=int(batch.num_tasks))
+
+
+def build_row_task_groups(batch: StepBatch) -> GroupIndex:
+    """Episode-level grouping over step rows (the authors' code): every canonical row grouped by
+    its task, so a trajectory counts once per step it took. ids int32 [N, 1]."""
+    task = batch.task_of_traj[batch.traj]
+    sizes = np.bincount(task, minlength=batch.num_tasks).astype(np.int32)
+    return GroupIndex(ids=task.astype(np.int32).reshape(-1, 1), sizes=sizes,
+                      num_groups=int(batch.num_tasks))
 
 
 def _check_K(K) -> None:
