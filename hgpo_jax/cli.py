@@ -4,8 +4,8 @@
         Train (CONFIG: a name from experiments/configs, or a YAML path). Metrics go to
         RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints.
     hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N]
-        Success rate (overall and per task type) at the eval temperature; a RUN_DIR evaluates
-        its latest checkpoint.
+        Success rate (overall and per task type) under eval.protocol at eval.temperature; a
+        RUN_DIR evaluates its latest checkpoint.
     hgpo-jax export RUN_DIR OUT_DIR
         The latest checkpoint's policy as a Hugging Face folder (with the tokenizer).
     hgpo-jax plan CONFIG [key=value ...]
@@ -90,13 +90,16 @@ def cmd_eval(args) -> int:
     from hgpo_jax.rl.trainer import Trainer
 
     cfg = load_config(args.config, args.overrides)
-    splits = [args.split] if args.split else cfg.env.eval_splits
+    splits = [args.split] if args.split else cfg.eval.splits
+    e = cfg.eval
+    how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
+           if e.protocol == "verl-agent" else "each game once")
     with Trainer(cfg, resume=True, progress=not args.no_progress) as trainer:
-        print(f"evaluating {cfg.name} at iteration {trainer.iteration} "
-              f"(temperature {cfg.rollout.eval_temperature})", flush=True)
+        print(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
+              f"({how}), temperature {e.temperature}", flush=True)
         results = {}
         for split in splits:
-            results.update(trainer.evaluate(split, args.games or cfg.train.eval_games))
+            results.update(trainer.evaluate(split, args.games or None))
         trainer.logger.log(trainer.iteration, results)
     for k, v in results.items():
         print(f"  {k:<60} {v:.4f}")
@@ -152,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="success rate of a config's model or a run's checkpoint")
     ev.add_argument("config", help="config name, YAML path or run folder")
     ev.add_argument("overrides", nargs="*")
-    ev.add_argument("--split", help="one split instead of the config's env.eval_splits")
-    ev.add_argument("--games", type=int, default=0, help="games per split (0: train.eval_games)")
+    ev.add_argument("--split", help="one split instead of the config's eval.splits")
+    ev.add_argument("--games", type=int, default=0,
+                    help="each-once protocol: games per split (0: eval.games)")
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(func=cmd_eval)
     ex = sub.add_parser("export", help="export a run's policy as a Hugging Face folder")

@@ -29,6 +29,7 @@ import math
 import os
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -65,11 +66,10 @@ class EnvConfig:
 
     name: str = "alfworld"  # alfworld | toy
     split: str = "train"  # training split: train | valid_seen | valid_unseen | valid_train
-    eval_splits: list[str] = field(  # evaluation splits: In-/Out-of-distribution
-        default_factory=lambda: ["valid_seen", "valid_unseen"])
     data_dir: str | None = None  # ALFWorld data folder; None = $ALFWORLD_DATA or the project's copy
     max_steps: int = 50  # T: env steps per episode
     memory_len: int = 2  # H: steps of memory in the prompt
+    projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/envs.md)
     num_workers: int = 4  # env worker processes
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
     reset_timeout: float = 300.0  # seconds before a stuck env reset counts as failed
@@ -85,9 +85,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling mass (1 = off)
     top_k: int = 0  # top-k sampling (0 = off)
     max_new_tokens: int = 512  # max response tokens per step
-    max_prompt_tokens: int = 2048  # prompts are cut to their last tokens beyond this
-    eval_temperature: float = 0.4  # evaluation rollout temperature
-    invalid_penalty: float = -0.1  # reward added to a step whose reply has no valid action
+    max_prompt_tokens: int = 4096  # prompts are cut to their last tokens beyond this (left truncation)
 
 
 @dataclass
@@ -96,11 +94,16 @@ class AlgoConfig:
 
     estimator: str = "hgpo"  # grpo | rloo | gigpo | hgpo
     gamma: float = 0.95  # discount of the step returns R_t
-    K: int = 2  # hgpo: highest hierarchy level (groups of steps sharing the last k+1 observations)
-    alpha: float = 1.0  # hgpo: level weight exponent, w_k = (k+1)^alpha
+    K: int = 2  # hgpo: highest context depth (groups of steps sharing the last k+1 observations)
+    alpha: float = 1.0  # hgpo: level weight exponent (see level_weights)
     mode: str = "mean_std_norm"  # group normalization: mean_std_norm | mean_norm
     omega: float = 1.0  # gigpo: weight of the step-level term
     eps: float = 1e-6  # added to the group std
+    invalid_penalty: float = 0.1  # subtracted for a step whose reply holds no valid action
+    penalty_placement: str = "row"  # row: the invalid row's return and score | reward: in r_t
+    stats: str = "verl-agent"  # episode statistics: verl-agent (step rows, unbiased std) | paper
+    level_weights: str = "verl-agent"  # hgpo: verl-agent ((d+2)^alpha) | paper ((d+1)^alpha)
+    base_group: bool = False  # hgpo: add the episode-level value as an item of weight 1
     clip_low: float = 0.2  # ratio clip 1 - clip_low
     clip_high: float = 0.2  # ratio clip 1 + clip_high
     dual_clip: float = 3.0  # dual-clip bound for negative advantages (> 1)
@@ -126,17 +129,30 @@ class OptimConfig:
 class TrainConfig:
     """The training loop, checkpoints and evaluation cadence."""
 
-    iterations: int = 150  # training iterations (rollout + update)
+    iterations: int = 160  # training iterations (rollout + update)
     ppo_epochs: int = 1  # passes over each iteration's rows
     mini_batch_size: int = 256  # step rows per optimizer update
-    micro_batch_size: int = 16  # step rows per gradient-accumulation micro-batch (global)
+    micro_batch_size: int = 32  # step rows per gradient-accumulation micro-batch (global)
     seed: int = 0  # seeds task sampling, rollouts and shuffling
     run_dir: str = "runs/{name}"  # {name} is replaced by Config.name
     save_every: int = 10  # iterations between checkpoints (0 = only at the end)
     keep_checkpoints: int = 3  # most recent checkpoints kept
-    eval_every: int = 0  # iterations between evaluations (0 = never during training)
-    eval_games: int = 0  # games per eval split (0 = all)
     remat: bool = True              # recompute each layer in the backward pass (saves activation memory)
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation: which splits, at what temperature, under which protocol (docs/training.md)."""
+
+    protocol: str = "verl-agent"  # verl-agent: sampled batches per seed | each-once: every game once
+    splits: list[str] = field(  # In-distribution (valid_seen), Out-of-distribution (valid_unseen)
+        default_factory=lambda: ["valid_seen", "valid_unseen"])
+    temperature: float = 0.4  # evaluation rollout temperature
+    seeds: list[int] = field(default_factory=lambda: [123, 456, 789])  # verl-agent: one run per seed
+    batches: int = 4  # verl-agent: batches per seed
+    batch_size: int = 128  # verl-agent: episodes per batch (env i walks its own shuffled cycle)
+    games: int = 0  # each-once: the first N games of a split (0 = all)
+    every: int = 0  # iterations between evaluations during training (0 = never)
 
 
 @dataclass
@@ -158,7 +174,8 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling
     algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages and loss
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
-    train: TrainConfig = field(default_factory=TrainConfig)  # loop, checkpoints, eval
+    train: TrainConfig = field(default_factory=TrainConfig)  # loop, checkpoints
+    eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
 
     def run_path(self) -> str:
@@ -306,6 +323,33 @@ def _set_field(obj: Any, key: str, value: Any, prefix: str, where: str) -> None:
         raise ConfigError(f"{where}{e}") from None
 
 
+def _negate(value: Any) -> Any:
+    return -value if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+# Keys that moved (old section, key) -> (new section, key, value conversion). Old YAML files and
+# run folders keep loading, with a warning that names the new key.
+RENAMED_KEYS: dict[tuple[str, str], tuple[str, str, Any]] = {
+    ("env", "eval_splits"): ("eval", "splits", None),
+    ("rollout", "eval_temperature"): ("eval", "temperature", None),
+    ("train", "eval_every"): ("eval", "every", None),
+    ("train", "eval_games"): ("eval", "games", None),
+    # was a (negative) reward added to invalid steps; now a positive amount subtracted
+    ("rollout", "invalid_penalty"): ("algo", "invalid_penalty", _negate),
+}
+
+
+def _renamed(section: str, sub: str, value: Any, where: str) -> tuple[str, str, Any]:
+    """(section, key, value) with a moved key translated to its new place (and a warning)."""
+    if (section, sub) not in RENAMED_KEYS:
+        return section, sub, value
+    new_section, new_sub, convert = RENAMED_KEYS[(section, sub)]
+    note = " (sign flipped: it is now subtracted)" if convert is _negate else ""
+    warnings.warn(f"{where}config key {section}.{sub} is now {new_section}.{new_sub}{note}; "
+                  f"update the file or override", UserWarning, stacklevel=3)
+    return new_section, new_sub, convert(value) if convert else value
+
+
 def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> Config:
     """Merge a nested mapping (one YAML file's content, without `base`) into `cfg` in place.
 
@@ -323,11 +367,11 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> C
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}{key}: expected a mapping of keys (e.g. {key}: "
                                   f"{{...}}), got {value!r}")
-            section = getattr(cfg, key)
             for sub, sub_value in value.items():
                 if not isinstance(sub, str):
                     raise ConfigError(f"{where}{key}: keys must be strings, got {sub!r}")
-                _set_field(section, sub, sub_value, f"{key}.", where)
+                name, sub, sub_value = _renamed(key, sub, sub_value, where)
+                _set_field(getattr(cfg, name), sub, sub_value, f"{name}.", where)
         elif key == BASE_KEY:
             raise ConfigError(f"{where}'base' is only allowed at the top of a YAML file")
         else:
@@ -422,6 +466,8 @@ def _field_type(cfg: Config, key: str) -> Any | None:
     parts = key.split(".")
     if len(parts) == 1 and parts[0] in TOP_LEVEL_SCALARS:
         return _field_types(Config)[parts[0]]
+    if len(parts) == 2 and (parts[0], parts[1]) in RENAMED_KEYS:
+        parts = list(RENAMED_KEYS[(parts[0], parts[1])][:2])
     if len(parts) == 2 and parts[0] in SECTIONS:
         return _field_types(SECTIONS[parts[0]]).get(parts[1])
     return None
@@ -522,12 +568,16 @@ def _short(value: Any) -> str:
 def allowed_values() -> dict[str, tuple[str, ...]]:
     """Allowed names, taken from the modules that consume them (imported lazily)."""
     from hgpo_jax.envs.alfworld import SPLITS
-    from hgpo_jax.rl.advantages import ESTIMATORS, MODES
+    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
+    from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
 
     return {"estimator": tuple(ESTIMATORS), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "split": tuple(SPLITS), "env": ENV_NAMES, "dtype": DTYPES,
-            "schedule": SCHEDULES}
+            "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
+            "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
+            "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS)}
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
@@ -562,10 +612,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
 
     one_of("env.name", e.name, allowed["env"])
     one_of("env.split", e.split, allowed["split"])
-    for i, s in enumerate(e.eval_splits):
-        one_of(f"env.eval_splits[{i}]", s, allowed["split"])
-    check(len(set(e.eval_splits)) == len(e.eval_splits), "env.eval_splits", e.eval_splits,
-          "a list without repeats")
+    one_of("env.projection", e.projection, allowed["projection"])
     check(e.data_dir is None or bool(e.data_dir.strip()), "env.data_dir", e.data_dir,
           "a folder or null")
     at_least("env.max_steps", e.max_steps, 1)
@@ -579,14 +626,10 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("rollout.num_groups", r.num_groups, 1)
     check(0 <= r.temperature < math.inf, "rollout.temperature", r.temperature,
           "a finite number >= 0 (0 = greedy)")
-    check(0 <= r.eval_temperature < math.inf, "rollout.eval_temperature", r.eval_temperature,
-          "a finite number >= 0 (0 = greedy)")
     check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1] (1 = off)")
     at_least("rollout.top_k", r.top_k, 0)
     at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
     at_least("rollout.max_prompt_tokens", r.max_prompt_tokens, 1)
-    check(-math.inf < r.invalid_penalty <= 0, "rollout.invalid_penalty", r.invalid_penalty,
-          "a finite number <= 0 (it is added to the reward of invalid steps)")
 
     one_of("algo.estimator", a.estimator, allowed["estimator"])
     one_of("algo.mode", a.mode, allowed["mode"])
@@ -597,6 +640,15 @@ def _semantic_problems(cfg: Config) -> list[str]:
     finite("algo.alpha", a.alpha)
     finite("algo.omega", a.omega)
     check(0 <= a.eps < math.inf, "algo.eps", a.eps, "a finite number >= 0")
+    check(0 <= a.invalid_penalty < math.inf, "algo.invalid_penalty", a.invalid_penalty,
+          "a finite number >= 0 (it is subtracted for invalid steps; the paper's is 0.1)")
+    one_of("algo.penalty_placement", a.penalty_placement, allowed["penalty_placement"])
+    one_of("algo.stats", a.stats, allowed["stats"])
+    one_of("algo.level_weights", a.level_weights, allowed["level_weights"])
+    if (a.stats == "paper" and a.penalty_placement == "row" and a.invalid_penalty > 0
+            and (a.estimator != "hgpo" or a.base_group)):
+        p.append("algo.stats='paper' gives each trajectory one score, which a penalty on single "
+                 "rows cannot keep; set algo.penalty_placement=reward (or algo.invalid_penalty=0)")
     check(0 <= a.clip_low < 1, "algo.clip_low", a.clip_low, "in [0, 1)")
     check(0 <= a.clip_high < math.inf, "algo.clip_high", a.clip_high, "a finite number >= 0")
     check(1 < a.dual_clip < math.inf, "algo.dual_clip", a.dual_clip, "a finite number > 1")
@@ -623,8 +675,20 @@ def _semantic_problems(cfg: Config) -> list[str]:
     check(bool(t.run_dir.strip()), "train.run_dir", t.run_dir, "a folder path (may use {name})")
     at_least("train.save_every", t.save_every, 0)
     at_least("train.keep_checkpoints", t.keep_checkpoints, 1)
-    at_least("train.eval_every", t.eval_every, 0)
-    at_least("train.eval_games", t.eval_games, 0)
+
+    v = cfg.eval
+    one_of("eval.protocol", v.protocol, allowed["protocol"])
+    for i, s in enumerate(v.splits):
+        one_of(f"eval.splits[{i}]", s, allowed["split"])
+    check(len(set(v.splits)) == len(v.splits), "eval.splits", v.splits, "a list without repeats")
+    check(0 <= v.temperature < math.inf, "eval.temperature", v.temperature,
+          "a finite number >= 0 (0 = greedy)")
+    check(bool(v.seeds) and all(x >= 0 for x in v.seeds), "eval.seeds", v.seeds,
+          "a non-empty list of seeds >= 0")
+    at_least("eval.batches", v.batches, 1)
+    at_least("eval.batch_size", v.batch_size, 1)
+    at_least("eval.games", v.games, 0)
+    at_least("eval.every", v.every, 0)
 
     sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
     for axis, n in sizes.items():
@@ -641,8 +705,8 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "EnvConfig", "MeshConfig", "ModelConfig", "OptimConfig",
-    "RolloutConfig", "TrainConfig", "allowed_values", "apply_override", "available_configs",
+    "AlgoConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
+    "OptimConfig", "RolloutConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
     "resolve_config_path", "save_config",
 ]

@@ -30,17 +30,23 @@ def test_defaults_are_the_paper_values():
     assert c.name == "hgpo_k2_alfworld_qwen2.5_1.5b"
     assert (c.model.path, c.model.dtype, c.model.compute_dtype) == (
         "Qwen/Qwen2.5-1.5B-Instruct", "float32", "bfloat16")
-    assert (c.env.name, c.env.split, c.env.eval_splits) == ("alfworld", "train",
-                                                            ["valid_seen", "valid_unseen"])
+    assert (c.env.name, c.env.split, c.env.projection) == ("alfworld", "train", "verl-agent")
     assert (c.env.max_steps, c.env.memory_len, c.env.data_dir) == (50, 2, None)
     r = c.rollout
-    assert (r.group_size, r.num_groups, r.temperature, r.eval_temperature) == (8, 16, 1.0, 0.4)
-    assert (r.max_new_tokens, r.max_prompt_tokens, r.invalid_penalty) == (512, 2048, -0.1)
+    assert (r.group_size, r.num_groups, r.temperature) == (8, 16, 1.0)
+    assert (r.max_new_tokens, r.max_prompt_tokens) == (512, 4096)  # the authors' HGPO scripts
     a = c.algo
     assert (a.estimator, a.gamma, a.K, a.alpha, a.mode) == ("hgpo", 0.95, 2, 1.0, "mean_std_norm")
     assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_type, a.loss_agg) == (
         0.2, 0.2, 0.01, "low_var_kl", "token-mean")
-    assert c.optim.lr == 1e-6 and c.train.mini_batch_size == 256 and c.train.iterations == 150
+    # the authors' code's semantics (docs/advantages.md)
+    assert (a.invalid_penalty, a.penalty_placement, a.stats, a.level_weights, a.base_group) == (
+        0.1, "row", "verl-agent", "verl-agent", False)
+    assert c.optim.lr == 1e-6 and c.train.mini_batch_size == 256 and c.train.iterations == 160
+    assert c.train.micro_batch_size == 32  # 16 per GPU on the paper's 2 GPUs
+    e = c.eval
+    assert (e.protocol, e.splits, e.temperature) == ("verl-agent", ["valid_seen", "valid_unseen"], 0.4)
+    assert (e.seeds, e.batches, e.batch_size, e.every) == ([123, 456, 789], 4, 128, 0)
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (-1, 1, 1)
     assert c.run_path() == "runs/hgpo_k2_alfworld_qwen2.5_1.5b"
     assert load_config() == c
@@ -48,31 +54,36 @@ def test_defaults_are_the_paper_values():
 
 def test_default_lists_are_not_shared():
     a, b = Config(), Config()
-    a.env.eval_splits.append("train")
-    assert b.env.eval_splits == ["valid_seen", "valid_unseen"]
+    a.eval.splits.append("train")
+    a.eval.seeds.append(1)
+    assert b.eval.splits == ["valid_seen", "valid_unseen"] and b.eval.seeds == [123, 456, 789]
 
 
 def test_allowed_values_come_from_the_consumers():
     from hgpo_jax.config import allowed_values
     from hgpo_jax.envs.alfworld import SPLITS
-    from hgpo_jax.rl.advantages import ESTIMATORS, MODES
+    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
+    from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
 
     v = allowed_values()
     assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"], v["split"]) == (
         ESTIMATORS, MODES, KL_TYPES, AGGS, SPLITS)
+    assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (
+        PENALTY_PLACEMENTS, STATS, LEVEL_WEIGHTS, PROJECTIONS, EVAL_PROTOCOLS)
 
 
 def test_format_config_is_compact_and_complete():
     text = format_config(Config())
-    assert text.count("\n") == 7  # a title and one line per section
-    assert "estimator=hgpo" in text and "lr=1e-06" in text and "eval_splits=[valid_seen,valid_unseen]" in text
+    assert text.count("\n") == 8  # a title and one line per section
+    assert "estimator=hgpo" in text and "lr=1e-06" in text and "splits=[valid_seen,valid_unseen]" in text
 
 
 # ------------------------------------------------------------------------------------- YAML files
 def test_round_trip(tmp_path):
     cfg = load_config(None, ["algo.K=4", "env.data_dir=/data/alf", "optim.lr=3e-7", "name=rt",
-                             "env.eval_splits=[valid_unseen]", "mesh.data=-1"])
+                             "eval.splits=[valid_unseen]", "eval.seeds=[7]", "mesh.data=-1"])
     path = save_config(cfg, str(tmp_path / "sub" / "config.yaml"))
     again = load_config(path)
     assert again == cfg
@@ -157,7 +168,8 @@ def test_overrides_of_every_type():
         "algo.gamma=1",                  # int -> float
         "optim.lr=1e-6",                 # YAML string -> float
         "algo.eps=1.0e-8",               # YAML float
-        "env.eval_splits=[valid_seen]",  # list[str]
+        "eval.splits=[valid_seen]",      # list[str]
+        "eval.seeds=[1, 2]",             # list[int]
         "env.data_dir=/data/alfworld",   # Optional[str]
         "model.path=/models/Qwen 1.5B",  # str with a space
         "name=2024",                     # str field: number text kept as text
@@ -166,12 +178,13 @@ def test_overrides_of_every_type():
     ])
     assert c.algo.K == 4 and isinstance(c.algo.gamma, float) and c.algo.gamma == 1.0
     assert c.optim.lr == 1e-6 and isinstance(c.optim.lr, float) and c.algo.eps == 1e-8
-    assert c.env.eval_splits == ["valid_seen"] and c.env.data_dir == "/data/alfworld"
+    assert c.eval.splits == ["valid_seen"] and c.env.data_dir == "/data/alfworld"
+    assert c.eval.seeds == [1, 2]
     assert c.model.path == "/models/Qwen 1.5B" and c.name == "2024" and c.run_path() == "runs/2024"
     assert c.rollout.temperature == 0.0 and isinstance(c.rollout.temperature, float)
     for none in ("env.data_dir=null", "env.data_dir=", "env.data_dir=~"):
         assert load_config(None, ["env.data_dir=/x", none]).env.data_dir is None
-    assert load_config(None, ["env.eval_splits=[]"]).env.eval_splits == []
+    assert load_config(None, ["eval.splits=[]"]).eval.splits == []
     # a whole section as a mapping
     assert load_config(None, ["algo={K: 3, alpha: 2}"]).algo.K == 3
 
@@ -215,8 +228,9 @@ def test_unknown_key_in_yaml_names_file_and_suggestion(tmp_path):
     ("optim.lr=[1]", r"optim.lr: expected float"),
     ("optim.lr=.nan", "NaN"),
     ("algo.gamma=null", r"algo.gamma: expected float, got null"),
-    ("env.eval_splits=valid_seen", r"expected list\[str\].*\[a,b\]"),
-    ("env.eval_splits=[1]", r"env.eval_splits\[0\]: expected str, got 1"),
+    ("eval.splits=valid_seen", r"expected list\[str\].*\[a,b\]"),
+    ("eval.splits=[1]", r"eval.splits\[0\]: expected str, got 1"),
+    ("eval.seeds=[a]", r"eval.seeds\[0\]: expected int"),
     ("model.path=[a]", r"model.path: expected str"),
     ("model.path=null", r"model.path: expected str, got null"),
     ("env.data_dir=[a]", r"env.data_dir: expected str \| None"),
@@ -258,8 +272,21 @@ def test_overrides_must_be_a_list():
     ("optim.schedule=linear", r"optim.schedule='linear' is not allowed; use one of constant, cosine"),
     ("env.name=webshop", "env.name"),
     ("env.split=test", "env.split"),
-    ("env.eval_splits=[valid_seen,bogus]", r"env.eval_splits\[1\]"),
-    ("env.eval_splits=[valid_seen,valid_seen]", "without repeats"),
+    ("eval.splits=[valid_seen,bogus]", r"eval.splits\[1\]"),
+    ("eval.splits=[valid_seen,valid_seen]", "without repeats"),
+    ("eval.protocol=paper", "eval.protocol='paper' is not allowed; use one of verl-agent, each-once"),
+    ("eval.temperature=-1", "eval.temperature"),
+    ("eval.seeds=[]", "eval.seeds"),
+    ("eval.seeds=[-1]", "eval.seeds"),
+    ("eval.batches=0", "eval.batches"),
+    ("eval.batch_size=0", "eval.batch_size"),
+    ("eval.games=-1", "eval.games"),
+    ("eval.every=-2", "eval.every"),
+    ("env.projection=loose", "env.projection='loose' is not allowed; use one of verl-agent, strict"),
+    ("algo.invalid_penalty=-0.1", r"algo.invalid_penalty=-0.1: must be a finite number >= 0"),
+    ("algo.penalty_placement=step", "algo.penalty_placement"),
+    ("algo.stats=torch", "algo.stats"),
+    ("algo.level_weights=uniform", "algo.level_weights"),
     ("model.dtype=float16", "model.dtype"),
     ("model.compute_dtype=fp32", "model.compute_dtype"),
     ("model.path=", "model.path"),
@@ -269,11 +296,9 @@ def test_overrides_must_be_a_list():
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
     ("rollout.max_prompt_tokens=-1", "rollout.max_prompt_tokens"),
     ("rollout.temperature=-0.1", "rollout.temperature"),
-    ("rollout.eval_temperature=-1", "rollout.eval_temperature"),
     ("rollout.top_p=0", r"rollout.top_p=0.0: must be in \(0, 1\]"),
     ("rollout.top_p=1.5", "rollout.top_p"),
     ("rollout.top_k=-1", "rollout.top_k"),
-    ("rollout.invalid_penalty=0.1", "rollout.invalid_penalty"),
     ("env.max_steps=0", "env.max_steps"),
     ("env.memory_len=-1", "env.memory_len"),
     ("env.num_workers=0", "env.num_workers"),
@@ -305,8 +330,6 @@ def test_overrides_must_be_a_list():
     ("train.run_dir=", "train.run_dir"),
     ("train.save_every=-1", "train.save_every"),
     ("train.keep_checkpoints=0", "train.keep_checkpoints"),
-    ("train.eval_every=-2", "train.eval_every"),
-    ("train.eval_games=-1", "train.eval_games"),
     ("mesh.data=0", r"mesh.data=0: must be a positive size, or -1"),
     ("mesh.tensor=-2", "mesh.tensor"),
     ("mesh.fsdp=-1", "at most one axis may be -1"),
@@ -347,22 +370,28 @@ def test_paper_values(name):
     c = load_config(name)
     # shared paper hyperparameters
     assert (c.env.name, c.env.split, c.env.max_steps) == ("alfworld", "train", 50)
-    assert c.env.eval_splits == ["valid_seen", "valid_unseen"]
+    assert (c.eval.splits, c.eval.protocol, c.eval.temperature) == (
+        ["valid_seen", "valid_unseen"], "verl-agent", 0.4)
+    assert (c.eval.seeds, c.eval.batches, c.eval.batch_size) == ([123, 456, 789], 4, 128)
     assert (c.rollout.group_size, c.rollout.num_groups) == (8, 16)
-    assert (c.rollout.max_prompt_tokens, c.rollout.max_new_tokens) == (2048, 512)
-    assert (c.rollout.temperature, c.rollout.eval_temperature, c.rollout.invalid_penalty) == (
-        1.0, 0.4, -0.1)
+    assert (c.rollout.temperature, c.rollout.max_new_tokens) == (1.0, 512)
+    assert (c.algo.invalid_penalty, c.algo.penalty_placement, c.algo.stats, c.algo.level_weights) == (
+        0.1, "row", "verl-agent", "verl-agent")
+    assert c.env.projection == "verl-agent" and c.algo.mode == "mean_std_norm"
     assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type) == (1e-6, 0.01, "low_var_kl")
     assert (c.algo.clip_low, c.algo.clip_high, c.algo.gamma, c.algo.alpha) == (0.2, 0.2, 0.95, 1.0)
     assert c.train.mini_batch_size == 256
     assert (c.model.dtype, c.model.compute_dtype) == ("float32", "bfloat16")
     # algorithm
     algo = name.split("_alfworld")[0]
-    if algo.startswith("hgpo"):
+    if algo.startswith("hgpo"):  # the authors' HGPO scripts
         K = int(algo[-1])
         assert (c.algo.estimator, c.algo.K, c.env.memory_len) == ("hgpo", K, K)
-    else:
+        assert (c.train.iterations, c.rollout.max_prompt_tokens, c.train.micro_batch_size) == (160, 4096, 32)
+    else:  # the authors' baseline scripts
         assert (c.algo.estimator, c.env.memory_len) == (algo, 2)
+        assert (c.train.iterations, c.rollout.max_prompt_tokens) == (150, 2048)
+        assert c.train.micro_batch_size == (64 if name.endswith("_1.5b") else 32)
     # model and mesh
     if name.endswith("_1.5b"):
         assert c.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
@@ -391,9 +420,39 @@ def test_tiny_configs():
     assert (c.rollout.max_new_tokens, c.rollout.max_prompt_tokens, c.env.memory_len) == (16, 512, 2)
     t = c.train
     assert (t.iterations, t.mini_batch_size, t.micro_batch_size, t.save_every) == (3, 8, 4, 1)
-    assert (t.keep_checkpoints, t.eval_every, t.eval_games) == (2, 0, 4)
+    assert t.keep_checkpoints == 2
+    assert (c.eval.every, c.eval.games, c.eval.seeds, c.eval.batches, c.eval.batch_size) == (0, 4, [123], 1, 4)
     assert (c.env.num_workers, c.optim.lr) == (2, 1e-5)
     assert dataclasses.astuple(c.mesh) == (1, 1, 1)
     toy = load_config("tiny_cpu_toy")
     assert toy.env.name == "toy" and toy.name == "tiny_cpu_toy"
     assert dataclasses.replace(toy, name="tiny_cpu", env=c.env) == c
+
+
+# ------------------------------------------------------------------------------------- moved keys
+@pytest.mark.parametrize("old, new, value, expected", [
+    ("env.eval_splits", "eval.splits", "[valid_unseen]", ["valid_unseen"]),
+    ("rollout.eval_temperature", "eval.temperature", "0.7", 0.7),
+    ("train.eval_every", "eval.every", "5", 5),
+    ("train.eval_games", "eval.games", "9", 9),
+    ("rollout.invalid_penalty", "algo.invalid_penalty", "-0.1", 0.1),  # sign flipped
+])
+def test_moved_keys_still_load_with_a_warning(tmp_path, old, new, value, expected):
+    with pytest.warns(UserWarning, match=f"{old} is now {new}"):
+        c = load_config(None, [f"{old}={value}"])
+    section, key = new.split(".")
+    assert getattr(getattr(c, section), key) == expected
+    old_section, old_key = old.split(".")
+    path = write(tmp_path, "old.yaml", f"{old_section}:\n  {old_key}: {value}\n")
+    with pytest.warns(UserWarning, match=f"{old} is now {new}"):
+        assert getattr(getattr(load_config(path), section), key) == expected
+
+
+def test_papers_statistics_need_the_penalty_in_the_reward():
+    with pytest.raises(ConfigError, match="penalty_placement=reward"):
+        load_config(None, ["algo.estimator=grpo", "algo.stats=paper"])
+    ok = load_config(None, ["algo.estimator=grpo", "algo.stats=paper", "algo.penalty_placement=reward"])
+    assert ok.algo.stats == "paper"
+    assert load_config(None, ["algo.stats=paper"]).algo.estimator == "hgpo"  # no episode term
+    with pytest.raises(ConfigError, match="penalty_placement=reward"):
+        load_config(None, ["algo.stats=paper", "algo.base_group=true"])

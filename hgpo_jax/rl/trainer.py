@@ -243,7 +243,7 @@ class Trainer:
         tasks = self.sampler.next(r.num_groups)
         batch = collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
                                  cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                 intro=env_intro(cfg.env), invalid_penalty=r.invalid_penalty,
+                                 intro=env_intro(cfg.env), projection=cfg.env.projection,
                                  progress=self.progress)
         t_rollout = time.perf_counter()
         metrics = batch.metrics()
@@ -252,8 +252,11 @@ class Trainer:
             return metrics
 
         adv = compute_step_advantages(a.estimator, batch.task_id, batch.traj_id, batch.step_id,
-                                      batch.anchor, batch.reward, gamma=a.gamma, K=a.K,
-                                      alpha=a.alpha, mode=a.mode, omega=a.omega, eps=a.eps)
+                                      batch.anchor, batch.reward, valid=batch.valid,
+                                      invalid_penalty=a.invalid_penalty, gamma=a.gamma, K=a.K,
+                                      alpha=a.alpha, mode=a.mode, omega=a.omega, eps=a.eps,
+                                      penalty_placement=a.penalty_placement, stats=a.stats,
+                                      level_weights=a.level_weights, base_group=a.base_group)
         for k, frac in enumerate(hierarchy_stats(batch.task_id, batch.traj_id, batch.step_id,
                                                  batch.anchor, K=a.K)):
             metrics[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
@@ -314,9 +317,10 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                                  ("train/loss", "success/all", "train/kl_loss") if k in metrics})
-                if t.eval_every and self.iteration % t.eval_every == 0:
-                    for split in self.cfg.env.eval_splits:
-                        ev = self.evaluate(split, t.eval_games)
+                every = self.cfg.eval.every
+                if every and self.iteration % every == 0:
+                    for split in self.cfg.eval.splits:
+                        ev = self.evaluate(split)
                         self.logger.log(self.iteration, ev)
                         metrics.update(ev)
                 if (t.save_every and self.iteration % t.save_every == 0) or self._stop \
@@ -331,16 +335,18 @@ class Trainer:
         """Finish the current iteration, save a checkpoint, then stop."""
         self._stop = True
 
-    def evaluate(self, split: str, num_games: int = 0, seed: int = 0) -> dict[str, float]:
-        """Success of the current policy on `split` at the eval temperature (0.4 in the paper):
-        each of the first `num_games` tasks (0 = all) played once; overall and per task type."""
-        from hgpo_jax.rl.rollout import evaluate
+    def evaluate(self, split: str, games: int | None = None) -> dict[str, float]:
+        """Success of the current policy on `split` under `eval.protocol` at `eval.temperature`
+        (docs/training.md): overall and per task type. `games` overrides `eval.games` (each-once)."""
+        from hgpo_jax.rl.evaluation import evaluate_split
 
-        tasks = list_tasks(self.cfg.env, split)
-        tasks = tasks[:num_games] if num_games else tasks
-        result = evaluate(self.policy(self.cfg.rollout.eval_temperature), self.pool, tasks,
-                          self.cfg.env.max_steps, self.cfg.env.memory_len, rng=seed,
-                          intro=env_intro(self.cfg.env), progress=self.progress)
+        e = self.cfg.eval
+        result = evaluate_split(
+            self.policy(e.temperature), self.pool, list_tasks(self.cfg.env, split),
+            protocol=e.protocol, seeds=e.seeds, batches=e.batches, batch_size=e.batch_size,
+            games=e.games if games is None else games, max_steps=self.cfg.env.max_steps,
+            memory_len=self.cfg.env.memory_len, progress=self.progress,
+            rollout_kwargs={"intro": env_intro(self.cfg.env), "projection": self.cfg.env.projection})
         return {f"eval/{split}/{k}": v for k, v in result.items()}
 
     def close(self) -> None:
