@@ -38,8 +38,8 @@ def test_defaults_are_the_paper_values():
     assert (r.max_new_tokens, r.max_prompt_tokens, r.invalid_penalty) == (512, 2048, -0.1)
     a = c.algo
     assert (a.estimator, a.gamma, a.K, a.alpha, a.mode) == ("hgpo", 0.95, 2, 1.0, "mean_std_norm")
-    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_type, a.loss_agg) == (
-        0.2, 0.2, 0.01, "low_var_kl", "token-mean")
+    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_type, a.loss_agg, a.entropy_coef) == (
+        0.2, 0.2, 0.01, "low_var_kl", "token-mean", 0.001)
     assert c.optim.lr == 1e-6 and c.train.mini_batch_size == 256 and c.train.iterations == 150
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (-1, 1, 1)
     assert c.run_path() == "runs/hgpo_k2_alfworld_qwen2.5_1.5b"
@@ -289,6 +289,8 @@ def test_overrides_must_be_a_list():
     ("algo.clip_high=-0.1", "algo.clip_high"),
     ("algo.dual_clip=1", "algo.dual_clip=1.0: must be a finite number > 1"),
     ("algo.kl_coef=-0.01", "algo.kl_coef"),
+    ("algo.entropy_coef=-0.001", r"algo.entropy_coef=-0.001: must be a finite number >= 0"),
+    ("algo.entropy_coef=.inf", "algo.entropy_coef"),
     ("optim.lr=0", "optim.lr"),
     ("optim.weight_decay=-1", "optim.weight_decay"),
     ("optim.max_grad_norm=0", "optim.max_grad_norm"),
@@ -352,7 +354,7 @@ def test_paper_values(name):
     assert (c.rollout.max_prompt_tokens, c.rollout.max_new_tokens) == (2048, 512)
     assert (c.rollout.temperature, c.rollout.eval_temperature, c.rollout.invalid_penalty) == (
         1.0, 0.4, -0.1)
-    assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type) == (1e-6, 0.01, "low_var_kl")
+    assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type, c.algo.entropy_coef) == (1e-6, 0.01, "low_var_kl", 0.001)
     assert (c.algo.clip_low, c.algo.clip_high, c.algo.gamma, c.algo.alpha) == (0.2, 0.2, 0.95, 1.0)
     assert c.train.mini_batch_size == 256
     assert (c.model.dtype, c.model.compute_dtype) == ("float32", "bfloat16")
