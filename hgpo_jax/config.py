@@ -108,6 +108,7 @@ class AlgoConfig:
     clip_high: float = 0.2  # ratio clip 1 + clip_high
     dual_clip: float = 3.0  # dual-clip bound for negative advantages (> 1)
     kl_coef: float = 0.01  # weight of the KL penalty to the reference policy
+    entropy_coef: float = 0.001  # weight of the entropy bonus (verl's entropy_coeff; 0 = off)
     kl_type: str = "low_var_kl"  # low_var_kl | kl | mse
     loss_agg: str = "token-mean"  # token-mean | seq-mean
 
@@ -653,6 +654,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
     check(0 <= a.clip_high < math.inf, "algo.clip_high", a.clip_high, "a finite number >= 0")
     check(1 < a.dual_clip < math.inf, "algo.dual_clip", a.dual_clip, "a finite number > 1")
     check(0 <= a.kl_coef < math.inf, "algo.kl_coef", a.kl_coef, "a finite number >= 0 (0 = no KL)")
+    check(0 <= a.entropy_coef < math.inf, "algo.entropy_coef", a.entropy_coef,
+          "a finite number >= 0 (0 = no entropy bonus)")
 
     positive("optim.lr", o.lr)
     check(0 <= o.weight_decay < math.inf, "optim.weight_decay", o.weight_decay,

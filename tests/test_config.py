@@ -37,8 +37,8 @@ def test_defaults_are_the_paper_values():
     assert (r.max_new_tokens, r.max_prompt_tokens) == (512, 4096)  # the authors' HGPO scripts
     a = c.algo
     assert (a.estimator, a.gamma, a.K, a.alpha, a.mode) == ("hgpo", 0.95, 2, 1.0, "mean_std_norm")
-    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_type, a.loss_agg) == (
-        0.2, 0.2, 0.01, "low_var_kl", "token-mean")
+    assert (a.clip_low, a.clip_high, a.kl_coef, a.kl_type, a.loss_agg, a.entropy_coef) == (
+        0.2, 0.2, 0.01, "low_var_kl", "token-mean", 0.001)
     # the authors' code's semantics (docs/advantages.md)
     assert (a.invalid_penalty, a.penalty_placement, a.stats, a.level_weights, a.base_group) == (
         0.1, "row", "verl-agent", "verl-agent", False)
@@ -314,6 +314,8 @@ def test_overrides_must_be_a_list():
     ("algo.clip_high=-0.1", "algo.clip_high"),
     ("algo.dual_clip=1", "algo.dual_clip=1.0: must be a finite number > 1"),
     ("algo.kl_coef=-0.01", "algo.kl_coef"),
+    ("algo.entropy_coef=-0.001", r"algo.entropy_coef=-0.001: must be a finite number >= 0"),
+    ("algo.entropy_coef=.inf", "algo.entropy_coef"),
     ("optim.lr=0", "optim.lr"),
     ("optim.weight_decay=-1", "optim.weight_decay"),
     ("optim.max_grad_norm=0", "optim.max_grad_norm"),
@@ -378,7 +380,7 @@ def test_paper_values(name):
     assert (c.algo.invalid_penalty, c.algo.penalty_placement, c.algo.stats, c.algo.level_weights) == (
         0.1, "row", "verl-agent", "verl-agent")
     assert c.env.projection == "verl-agent" and c.algo.mode == "mean_std_norm"
-    assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type) == (1e-6, 0.01, "low_var_kl")
+    assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type, c.algo.entropy_coef) == (1e-6, 0.01, "low_var_kl", 0.001)
     assert (c.algo.clip_low, c.algo.clip_high, c.algo.gamma, c.algo.alpha) == (0.2, 0.2, 0.95, 1.0)
     assert c.train.mini_batch_size == 256
     assert (c.model.dtype, c.model.compute_dtype) == ("float32", "bfloat16")

@@ -1,4 +1,5 @@
-"""ppo_kl_loss against a plain NumPy implementation (value, metrics and gradient), and jit caching."""
+"""ppo_kl_loss against a plain NumPy implementation (value, metrics and gradient), its entropy bonus
+against PyTorch autograd (value and gradient with respect to the logits), and jit caching."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
-from hgpo_jax.rl import AGGS, KL_TYPES, ppo_kl_loss, ppo_kl_loss_jit
+from hgpo_jax.rl import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, ppo_kl_loss_jit
 
-S, L = 6, 9
-CLIP_LOW, CLIP_HIGH, DUAL, KL_COEF = 0.2, 0.28, 3.0, 0.05
+S, L, V = 6, 9, 13
+CLIP_LOW, CLIP_HIGH, DUAL, KL_COEF, ENT_COEF = 0.2, 0.28, 3.0, 0.05, 0.05
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,6 +185,13 @@ def test_empty_mask_gives_zero_not_nan():
             lambda lp: ppo_kl_loss(lp, old, ref, adv, zero, agg=agg), has_aux=True)(jnp.asarray(logp))
         assert float(loss) == 0.0 and all(float(v) == 0.0 for v in metrics.values())
         np.testing.assert_array_equal(np.asarray(grad), 0.0)
+        ent = np.abs(logp)  # any non-negative values
+        (loss, metrics), (grad, ent_grad) = jax.value_and_grad(
+            lambda lp, e: ppo_kl_loss(lp, old, ref, adv, zero, agg=agg, entropy=e, entropy_coef=0.1),
+            argnums=(0, 1), has_aux=True)(jnp.asarray(logp), jnp.asarray(ent))
+        assert float(loss) == 0.0 and float(metrics["entropy"]) == 0.0
+        np.testing.assert_array_equal(np.asarray(grad), 0.0)
+        np.testing.assert_array_equal(np.asarray(ent_grad), 0.0)
 
 
 def test_bad_options_and_shapes_raise():
@@ -199,6 +208,12 @@ def test_bad_options_and_shapes_raise():
         ppo_kl_loss(logp, old, ref, adv[:-1], mask)
     with pytest.raises(ValueError, match="mask"):
         ppo_kl_loss(logp, old, ref, adv, mask[:, :-1])
+    with pytest.raises(ValueError, match="entropy must have"):
+        ppo_kl_loss(logp, old, ref, adv, mask, entropy=logp[:, :-1], entropy_coef=0.1)
+    with pytest.raises(ValueError, match="entropy_coef=0.1 needs an entropy"):
+        ppo_kl_loss(logp, old, ref, adv, mask, entropy_coef=0.1)
+    with pytest.raises(ValueError, match="needs an entropy"):  # a traced coefficient, even 0
+        ppo_kl_loss_jit(logp, old, ref, adv, mask, entropy_coef=0.0)
 
 
 def test_jit_compiles_once_per_shape():
@@ -224,3 +239,119 @@ def test_jit_compiles_once_per_shape():
     for seed in range(3):  # numeric options are traced, not static: no recompiles
         ppo_kl_loss_jit(*make_inputs(seed), clip_low=0.1 + 0.01 * seed, kl_coef=0.01 * seed)
     assert ppo_kl_loss_jit._cache_size() == before + 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The entropy bonus: loss = agg(pg) - entropy_coef * agg(entropy) + kl_coef * agg(kl), with
+# entropy the full-softmax entropy of the logits at each position, differentiated
+
+
+def entropy_inputs(seed):
+    """float32 logits [S, L, V] (ordinary, very peaked and large-offset rows), targets [S, L], and
+    old/ref log-probs, advantages and mask from make_inputs."""
+    rng = np.random.default_rng(100 + seed)
+    logits = rng.normal(0.0, 2.0, (S, L, V))
+    logits[2] *= 15.0  # nearly one-hot distributions: entropy close to 0
+    logits[3] += 60.0  # a large common offset: logsumexp and sum p z are both about 60
+    logits[4, :, :3] -= 40.0  # a few negligible classes
+    targets = rng.integers(0, V, (S, L))
+    # the peaked row samples its likely tokens (an unlikely one would have logp near -100, and
+    # low_var_kl's exp(ref - logp) would overflow float32)
+    targets[2] = logits[2].argmax(-1)
+    _, old, ref, adv, mask = make_inputs(seed)
+    return np.asarray(logits, np.float32), targets, old, ref, adv, mask
+
+
+def jax_logp(logits, targets):
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), jnp.asarray(targets)[..., None], -1)[..., 0]
+
+
+def torch_logp_and_entropy(logits, targets):
+    """float64 torch tensors (requires_grad) -> (logits, token log-probs [S, L], entropies [S, L])."""
+    z = torch.tensor(np.asarray(logits, np.float64), requires_grad=True)
+    dist = torch.distributions.Categorical(logits=z)
+    return z, dist.log_prob(torch.as_tensor(targets)), dist.entropy()
+
+
+def test_entropy_from_logits_matches_torch():
+    for seed in range(3):
+        logits = entropy_inputs(seed)[0]
+        _, _, want = torch_logp_and_entropy(logits, np.zeros((S, L), np.int64))
+        got = entropy_from_logits(jnp.asarray(logits))
+        assert got.shape == (S, L) and got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=2e-6)
+        assert np.all(np.asarray(got) >= 0)
+    # the two extremes: uniform gives log V, one-hot gives 0
+    np.testing.assert_allclose(float(entropy_from_logits(jnp.zeros(V))), np.log(V), rtol=1e-6)
+    assert float(entropy_from_logits(jnp.array([0.0, 200.0, 0.0]))) == 0.0
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_entropy_term_value_metric_and_gradient_match_torch(agg):
+    for seed in range(3):
+        logits, targets, old, ref, adv, mask = entropy_inputs(seed)
+        w = torch.tensor(np_aggregate_weights(np.asarray(mask, np.float64), agg))  # agg(x) = sum(w * x)
+
+        # (1) the entropy term alone, logp fixed: loss(z) = const - ENT_COEF * agg(H(z))
+        z, _, ent = torch_logp_and_entropy(logits, targets)
+        want_ent_agg = (w * ent).sum()
+        (-ENT_COEF * want_ent_agg).backward()
+        want_ent_agg = want_ent_agg.item()
+        logp = np.asarray(jax_logp(jnp.asarray(logits), targets))
+        kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=DUAL, kl_coef=KL_COEF, agg=agg)
+
+        def ent_only(zz):
+            return ppo_kl_loss(logp, old, ref, adv, mask, entropy=entropy_from_logits(zz), entropy_coef=ENT_COEF, **kw)
+
+        (loss, metrics), grad = jax.value_and_grad(ent_only, has_aux=True)(jnp.asarray(logits))
+        base = float(ppo_kl_loss(logp, old, ref, adv, mask, **kw)[0])
+        np.testing.assert_allclose(float(metrics["entropy"]), want_ent_agg, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(loss), base - ENT_COEF * want_ent_agg, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), z.grad.numpy(), rtol=1e-4, atol=1e-8)
+        assert np.abs(z.grad.numpy()).max() > 1e-4  # the term has a real gradient to compare
+        np.testing.assert_array_equal(np.asarray(grad)[mask == 0], 0.0)
+
+        # (2) the whole loss with logp = log_softmax(z)[target] as well: the NumPy reference gives
+        # d loss / d logp, torch autograd carries it and the entropy term back to the logits
+        z, logp_t, ent = torch_logp_and_entropy(logits, targets)
+        logp64 = logp_t.detach().numpy()
+        want_loss, want_metrics, d_logp = np_ppo_kl_loss(logp64, *as64(old, ref, adv, mask), kl_type="low_var_kl",
+                                                         agg=agg)
+        want_ent_agg = (w * ent).sum()
+        ((torch.tensor(d_logp) * logp_t).sum() - ENT_COEF * want_ent_agg).backward()
+        want_ent_agg = want_ent_agg.item()
+
+        def full(zz):
+            return ppo_kl_loss(jax_logp(zz, targets), old, ref, adv, mask, entropy=entropy_from_logits(zz),
+                               entropy_coef=ENT_COEF, **kw)
+
+        (loss, metrics), grad = jax.value_and_grad(full, has_aux=True)(jnp.asarray(logits))
+        np.testing.assert_allclose(float(loss), want_loss - ENT_COEF * want_ent_agg, rtol=1e-5, atol=1e-6)
+        for name in ("pg_loss", "kl_loss"):
+            np.testing.assert_allclose(float(metrics[name]), want_metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(float(metrics["entropy"]), want_ent_agg, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(grad), z.grad.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_entropy_coef_zero_is_exactly_the_old_loss():
+    for agg in AGGS:
+        logits, targets, old, ref, adv, mask = entropy_inputs(0)
+        logp = jnp.asarray(make_inputs(0)[0])
+        ent = entropy_from_logits(jnp.asarray(logits))
+        kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=KL_COEF, agg=agg)
+        old_fn = jax.value_and_grad(lambda lp: ppo_kl_loss(lp, old, ref, adv, mask, **kw), has_aux=True)
+        (loss0, m0), g0 = old_fn(logp)
+        assert "entropy" not in m0  # no entropy given: no metric
+        for coef in (0, 0.0):  # a Python zero: no term at all
+            (loss, m), (g, g_ent) = jax.value_and_grad(
+                lambda lp, e, c=coef: ppo_kl_loss(lp, old, ref, adv, mask, entropy=e, entropy_coef=c, **kw),
+                argnums=(0, 1), has_aux=True)(logp, ent)
+            assert float(loss) == float(loss0)
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(g0))
+            np.testing.assert_array_equal(np.asarray(g_ent), 0.0)
+            assert {k: float(v) for k, v in m.items() if k != "entropy"} == {k: float(v) for k, v in m0.items()}
+            w = np_aggregate_weights(np.asarray(mask, np.float64), agg)
+            np.testing.assert_allclose(float(m["entropy"]), np.sum(w * np.asarray(ent, np.float64)), rtol=1e-6)
+        # a traced zero (jit) gives the same value too
+        loss_traced = ppo_kl_loss_jit(logp, old, ref, adv, mask, entropy=ent, entropy_coef=0.0, **kw)[0]
+        np.testing.assert_allclose(float(loss_traced), float(loss0), rtol=1e-7)

@@ -67,6 +67,41 @@ def test_token_logprobs_equal_log_softmax_of_the_full_logits():
         np.testing.assert_allclose(np.asarray(lp[:, 1:]), np.asarray(ref), atol=1e-5)
 
 
+def full_logits_entropy(model, ids, mask):
+    """Entropy of every next-token distribution from the whole [S, L, V] fp32 logits at once,
+    shifted like the log-probs: [S, L - 1], column t - 1 for token t."""
+    hidden, _ = model.hidden_states(ids, attention_mask=mask)
+    logits = model.logits(hidden).astype(jnp.float32)[:, :-1]
+    return -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1)
+
+
+def test_token_entropy_equals_the_full_logits_and_keeps_the_logprobs():
+    model = tiny_model()
+    b = random_batch()
+    ids, mask = jnp.asarray(b.input_ids), jnp.asarray(b.attention_mask)
+    ref = full_logits_entropy(model, ids, mask)
+    assert float(ref.min()) > 0.1  # random weights: far from one-hot, a comparison that means something
+    for chunk in (5, 16, 128):
+        lp, ent = token_logprobs(model, ids, mask, chunk=chunk, with_entropy=True)
+        assert ent.shape == ids.shape and ent.dtype == jnp.float32 and (ent[:, 0] == 0).all()
+        np.testing.assert_allclose(np.asarray(ent[:, 1:]), np.asarray(ref), atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(lp), np.asarray(token_logprobs(model, ids, mask, chunk=chunk)))
+
+
+def test_token_entropy_gradient_equals_the_full_logits():
+    """The chunked, rematerialized entropy has the gradient of the unchunked one."""
+    b = random_batch(4)
+    ids, mask = jnp.asarray(b.input_ids), jnp.asarray(b.attention_mask)
+    w = jnp.asarray(b.response_mask)
+    graphdef, params = nnx.split(tiny_model(), nnx.Param)
+    chunked = lambda p: (token_logprobs(nnx.merge(graphdef, p), ids, mask, chunk=5,  # noqa: E731
+                                        with_entropy=True)[1] * w).sum()
+    full = lambda p: (full_logits_entropy(nnx.merge(graphdef, p), ids, mask) * w[:, 1:]).sum()  # noqa: E731
+    (v0, g0), (v1, g1) = (jax.jit(jax.value_and_grad(f))(params) for f in (chunked, full))
+    np.testing.assert_allclose(float(v0), float(v1), rtol=1e-5)
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-4), g0, g1)
+
+
 def setup_step(mesh=None, lr=1e-3, num_micro=2):
     model = tiny_model()
     model.batch_mesh = mesh  # as load_pretrained(mesh=...) sets it: activations split by batch
@@ -103,8 +138,39 @@ def test_train_step_updates_params_and_lowers_the_loss():
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, params)
     assert all(jax.tree.leaves(changed))
     for key in ("train/pg_loss", "train/kl_loss", "train/pg_clipfrac", "train/ppo_kl",
-                "train/grad_norm"):
+                "train/grad_norm", "train/entropy"):
         assert np.isfinite(float(m[key])), key
+    assert float(m["train/entropy"]) > 0
+
+
+def test_train_step_entropy_bonus():
+    """loss = pg - entropy_coef * entropy + kl: the same first step with and without the bonus
+    differs by exactly that term, and the logged entropy is the response tokens' mean entropy."""
+    batch = random_batch(8)
+    out = {}
+    for coef in (0.0, 0.5):
+        model = tiny_model()
+        graphdef, params = nnx.split(model, nnx.Param)
+        tx = make_optimizer(1e-3)
+        opt_state, _ = init_opt_state(tx, params)
+        step = make_train_step(graphdef, tx, LossConfig(entropy_coef=coef), 2)
+        mb = minibatch(make_logprob_fn(graphdef), params, batch)
+        _, ent = token_logprobs(model, jnp.asarray(mb["input_ids"]), jnp.asarray(mb["attention_mask"]),
+                                with_entropy=True)
+        ent, rm = np.asarray(ent), mb["response_mask"]
+        # the step averages the micro-batches' token-means; micro-batch j holds rows j, j + 2, ...
+        want_ent = np.mean([(ent[j::2] * rm[j::2]).sum() / rm[j::2].sum() for j in range(2)])
+        _, _, m = step(params, opt_state, mb)
+        out[coef] = m
+        np.testing.assert_allclose(float(m["train/entropy"]), want_ent, rtol=1e-5)
+    # same parameters and batch: pg and kl terms are identical, the loss moves by coef * entropy
+    m0, m1 = out[0.0], out[0.5]
+    for key in ("train/pg_loss", "train/kl_loss", "train/entropy"):
+        np.testing.assert_allclose(float(m1[key]), float(m0[key]), rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(float(m1["train/loss"]), float(m0["train/loss"]) - 0.5 * float(m0["train/entropy"]),
+                               rtol=1e-5, atol=1e-6)
+    assert float(m0["train/entropy"]) > 0.1
+    assert float(m1["train/grad_norm"]) != float(m0["train/grad_norm"])  # the bonus is differentiated
 
 
 def test_nonfinite_loss_skips_the_update():

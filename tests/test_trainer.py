@@ -128,6 +128,15 @@ def test_sigterm_saves_a_checkpoint_before_exit(tmp_path):
     assert steps[-1] == len(read_metrics(str(run)))
 
 
+def test_loss_config_takes_the_algo_settings():
+    from hgpo_jax.rl.trainer import build_loss_config
+
+    lc = build_loss_config(load_config("tiny_cpu", ["algo.entropy_coef=0.02", "algo.kl_coef=0.03",
+                                                    "algo.loss_agg=seq-mean"]))
+    assert (lc.entropy_coef, lc.kl_coef, lc.agg) == (0.02, 0.03, "seq-mean")
+    assert build_loss_config(load_config("tiny_cpu")).entropy_coef == 0.001
+
+
 def test_plan_prints_memory_per_device(capsys):
     assert cli_main(["plan", "tiny_cpu"]) == 0
     out = capsys.readouterr().out

@@ -25,7 +25,7 @@ from hgpo_jax.rl.grouping import (
     hierarchy_stats,
     prepare_batch,
 )
-from hgpo_jax.rl.loss import AGGS, KL_TYPES, ppo_kl_loss, ppo_kl_loss_jit
+from hgpo_jax.rl.loss import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, ppo_kl_loss_jit
 
 __all__ = [
     "AGGS",
@@ -44,6 +44,7 @@ __all__ = [
     "compute_step_advantages",
     "device_step_advantages",
     "discounted_returns",
+    "entropy_from_logits",
     "episode_returns",
     "hierarchy_stats",
     "ppo_kl_loss",

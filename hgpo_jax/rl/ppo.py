@@ -8,9 +8,9 @@ here is a plain `jax.jit` with explicit shardings (the pjit style):
     step_fn = make_train_step(graphdef, tx, loss_cfg, mesh, param_shardings, opt_shardings)
     params, opt_state, metrics = step_fn(params, opt_state, minibatch)   # one optimizer update
 
-Memory: log-probs are computed from the final hidden states in sequence chunks (`LOGPROB_CHUNK`
-tokens at a time, rematerialized in the backward pass), so the [S, L, vocab] fp32 logits of a
-152k-vocab model never exist at once.
+Memory: log-probs (and, for the train step, the per-token entropies) are computed from the final
+hidden states in sequence chunks (`LOGPROB_CHUNK` tokens at a time, rematerialized in the backward
+pass), so the [S, L, vocab] fp32 logits of a 152k-vocab model never exist at once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
-from hgpo_jax.rl.loss import ppo_kl_loss
+from hgpo_jax.rl.loss import entropy_from_logits, ppo_kl_loss
 
 LOGPROB_CHUNK = 128
 
@@ -39,6 +39,7 @@ class LossConfig:
     kl_coef: float = 0.01
     kl_type: str = "low_var_kl"
     agg: str = "token-mean"
+    entropy_coef: float = 0.001
 
 
 # --------------------------------------------------------------------------- shardings
@@ -92,10 +93,16 @@ def init_opt_state(tx: optax.GradientTransformation, params: nnx.State, mesh: Me
 
 
 # --------------------------------------------------------------------------- log-probs
-def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK):
+def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK, *,
+                   with_entropy: bool = False):
     """log p(token_t | tokens_<t) for every position: float32 [S, L] (position 0 gets 0).
 
     input_ids, attention_mask: int [S, L], right-padded rows.
+    with_entropy: also return the entropy of each next-token distribution, float32 [S, L]:
+      entropy[:, t] is that of the distribution that predicts token t (the one logp[:, t] is
+      taken from), over the full vocabulary of the fp32 logits; position 0 gets 0. Computed in
+      the same chunk loop, so it costs no [S, L, V] buffer either, and it is differentiable.
+    Returns logp, or (logp, entropy) with `with_entropy`.
     """
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask)  # [S, L, D]
     S, L, D = hidden.shape
@@ -113,11 +120,16 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK)
         logits = model.logits(hc).astype(jnp.float32)          # [S, chunk, V]
         logz = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        return picked - logz
+        if not with_entropy:
+            return (picked - logz,)
+        return picked - logz, entropy_from_logits(logits, logz)
 
-    lp = jax.lax.map(one_chunk, (h, t))                        # [n, S, chunk]
-    lp = lp.swapaxes(0, 1).reshape(S, n * chunk)[:, :L - 1]    # predicts tokens 1..L-1
-    return jnp.concatenate([jnp.zeros((S, 1), jnp.float32), lp], axis=1)
+    def unchunk(x):  # [n, S, chunk] -> [S, L], shifted so that position t holds token t's value
+        x = x.swapaxes(0, 1).reshape(S, n * chunk)[:, :L - 1]  # predicts tokens 1..L-1
+        return jnp.concatenate([jnp.zeros((S, 1), jnp.float32), x], axis=1)
+
+    out = tuple(unchunk(x) for x in jax.lax.map(one_chunk, (h, t)))
+    return out if with_entropy else out[0]
 
 
 def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None):
@@ -160,17 +172,23 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
     """jit(params, opt_state, mb) -> (params, opt_state, metrics): one optimizer update.
 
     mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
-    response_mask, advantages [M], old_logp, ref_logp. Gradients are accumulated over `num_micro`
-    micro-batches with `lax.scan` and averaged. A non-finite loss or gradient skips the update
-    (params and optimizer state are returned unchanged) and reports `train/skipped_nonfinite` = 1.
+    response_mask, advantages [M], old_logp, ref_logp. The loss includes the entropy bonus
+    (`loss_cfg.entropy_coef`), and `train/entropy` is always logged. Gradients are accumulated
+    over `num_micro` micro-batches with `lax.scan` and averaged. A non-finite loss or gradient
+    skips the update (params and optimizer state are returned unchanged) and reports
+    `train/skipped_nonfinite` = 1.
     """
     def micro_loss(params, micro):
         model = nnx.merge(graphdef, params)
-        logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"])
+        # the entropy is always computed (for the train/entropy metric); with entropy_coef=0 it
+        # is not differentiated
+        logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
+                                       with_entropy=True)
         return ppo_kl_loss(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
                            micro["response_mask"], clip_low=loss_cfg.clip_low,
                            clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
-                           kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type, agg=loss_cfg.agg)
+                           kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type, agg=loss_cfg.agg,
+                           entropy=entropy, entropy_coef=loss_cfg.entropy_coef)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 

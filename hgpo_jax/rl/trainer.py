@@ -72,7 +72,8 @@ def build_loss_config(cfg) -> LossConfig:
     """The config's PPO-KL loss settings (`cfg.algo`)."""
     a = cfg.algo
     return LossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                      kl_coef=a.kl_coef, kl_type=a.kl_type, agg=a.loss_agg)
+                      kl_coef=a.kl_coef, kl_type=a.kl_type, agg=a.loss_agg,
+                      entropy_coef=a.entropy_coef)
 
 
 def make_env_fn(env_cfg):
