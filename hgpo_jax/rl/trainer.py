@@ -243,7 +243,7 @@ class Trainer:
         tasks = self.sampler.next(r.num_groups)
         batch = collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
                                  cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                 intro=env_intro(cfg.env), invalid_penalty=r.invalid_penalty,
+                                 intro=env_intro(cfg.env),
                                  progress=self.progress)
         t_rollout = time.perf_counter()
         metrics = batch.metrics()
