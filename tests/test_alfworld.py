@@ -44,13 +44,17 @@ def test_task_types_come_from_folder_names():
 def test_expert_walkthrough_wins_each_task_type(game):
     env = AlfworldEnv(max_steps=50)
     obs, info = env.reset(game)
-    assert "Your task is to:" in obs and "Welcome to TextWorld" not in obs
+    # the engine's text as is: banner kept, nothing stripped
+    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room.")
+    assert "\n\nYour task is to: " in obs and info["task"] == obs.split("Your task is to: ")[1]
+    assert info["task"] and info["task"] == info["task"].strip()
     assert info["task_type"] == task_type_of(game) and info["anchor"] == obs
     assert info["admissible_actions"] and "help" not in info["admissible_actions"]
     assert not info["won"]
     total, steps = 0.0, walkthrough(game)
     for i, action in enumerate(steps):
         obs, reward, done, info = env.step(action)
+        assert info["anchor"] == obs
         total += reward
         assert done == (i == len(steps) - 1), f"done early/late at step {i}"
     assert info["won"] and total == 10.0
@@ -72,6 +76,30 @@ def test_garbage_actions_answer_nothing_happens():
     for action in walkthrough(game):
         obs, reward, done, info = env.step(action)
     assert info["won"] and reward == 10.0
+
+
+def test_odd_action_strings_reach_textworld_unchanged():
+    """TextWorld strips the command and matches it exactly: the env must not tidy it up (the
+    authors' runs send it as is). Each string gets the answer the bare engine gives it."""
+    from hgpo_jax.envs.alfworld import _start
+
+    game = list_games("valid_unseen")[0]
+    env = AlfworldEnv(max_steps=100)
+    bare = _start(game)
+    cases = [("go  to desk 1", False), ("GO TO DESK 1", False), ("Go to desk 1", False),
+             ("go\tto desk 1", False), ("go to desk 1\x00", False), ("\x00", False),
+             ("x" * 10_000, False), ("go to desk 1\nlook", False), ("go to desk 1\n", True),
+             (" go to desk 1 ", True), ("\tgo to desk 1\r\n", True), ("go to desk 1", True)]
+    for action, arrives in cases:
+        env.reset(game)
+        bare.reset()
+        obs, reward, done, info = env.step(action)
+        assert obs == bare.step(action)[0]["feedback"], repr(action)
+        assert obs.startswith("You arrive at desk 1.") == arrives, (action, obs)
+        assert (obs == "Nothing happens.") == (not arrives), (action, obs)
+        assert reward == 0.0 and not done
+    bare.close()
+    env.close()
 
 
 def test_episode_ends_at_max_steps():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hgpo_jax.envs.alfworld import AlfworldEnv, list_games, task_type_of
-from hgpo_jax.envs.pool import EnvPool
-from hgpo_jax.envs.toy import WIN_REWARD, ToyMemoryEnv
+from hgpo_jax.envs.pool import EnvPool, EnvReply
+from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, evaluate
@@ -109,6 +109,111 @@ def test_memory_of_the_last_steps_is_in_the_prompt(tiny):
     assert "Your task is to: open the door of the colour of the button you pressed" in prompt
 
 
+class CharTokenizer:
+    """One token per character, so prompts decode back to their exact text."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+@dataclasses.dataclass
+class ReplayPolicy:
+    """Gives the same scripted reply to every env at step t; records the prompt texts."""
+
+    replies: list
+    tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
+    prompts: list = dataclasses.field(default_factory=list)
+
+    def encode_prompt(self, text):
+        self.prompts.append(text)
+        return [ord(c) for c in text]
+
+    def generate(self, prompts, rng):
+        reply = self.replies[len(self.prompts) // len(prompts) - 1]
+        tokens = [[ord(c) for c in reply] for _ in prompts]
+        return Out(tokens, [[-0.5] * len(t) for t in tokens])
+
+
+class RecordingPool:
+    """In-process stand-in for EnvPool over toy envs; records the action strings each env gets."""
+
+    def __init__(self, num_envs, max_steps=50):
+        self.envs = [ToyMemoryEnv(max_steps=max_steps) for _ in range(num_envs)]
+        self.num_envs = num_envs
+        self.received = [[] for _ in range(num_envs)]
+
+    def reset(self, tasks):
+        replies = []
+        for env, task in zip(self.envs, tasks):
+            obs, info = env.reset(task)
+            replies.append(EnvReply(obs, 0.0, False, info))
+        return replies
+
+    def step(self, actions):
+        out = {}
+        for i, action in actions.items():
+            self.received[i].append(action)
+            out[i] = EnvReply(*self.envs[i].step(action))
+        return out
+
+
+def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
+    # task 0: buttons red/blue/green, a corridor of 1 step. Steps 1 and 2 are invalid replies:
+    # step 1 has no tags (its last 30 characters are executed: nothing happens); step 2 has
+    # upper-case think tags (invalid, yet its action is executed and moves the agent on).
+    replies = ["<think>a</think><action>Press RED button</action>",
+               "<think>b</think> I will go forward",
+               "<THINK>c</THINK><action>go forward</action>",
+               "<think>d</think><action> open red door </action>"]
+    projected = ["press red button", "nk>b</think> i will go forward", "go forward",
+                 "open red door"]
+    policy, pool = ReplayPolicy(replies), RecordingPool(2)
+    batch = collect_rollouts(policy, pool, [0], group_size=2, max_steps=10, memory_len=2,
+                             intro="You are an agent in a small text world.")
+    assert pool.received == [projected, projected]
+    np.testing.assert_array_equal(batch.step_id, np.repeat(np.arange(4), 2))  # rows by step
+    np.testing.assert_array_equal(batch.valid, np.repeat([True, False, False, True], 2))
+    np.testing.assert_array_equal(batch.reward, np.repeat([0.0, 0.0, 0.0, WIN_REWARD], 2))
+    assert batch.won.all() and batch.metrics()["rollout/invalid_action_rate"] == 0.5
+    assert batch.metrics()["rollout/mean_step_reward"] == WIN_REWARD / 4
+
+    # the prompts: no history at step 0, then the memory of the projected actions
+    texts = policy.prompts[::2]
+    assert policy.prompts[1::2] == texts  # both envs of the group saw the same prompts
+    assert texts[0].startswith("\nYou are an agent in a small text world.\nYour current "
+                               "observation is: Task 0: open the door of the colour you choose. "
+                               "You are in a room with a red button, blue button and green "
+                               "button.\n")
+    obs2 = "Nothing happens. You are in a corridor, 1 step(s) from its end."
+    assert texts[3].startswith(
+        f"\nYou are an agent in a small text world. Your task is to: {TASK}\n"
+        "Prior to this step, you have already taken 3 step(s). Below are the most recent 2 "
+        "observations and the corresponding actions you took: "
+        "[Observation 2: 'You hear a click somewhere ahead. You are in a corridor, 1 step(s) from "
+        "its end.', Action 2: 'nk>b</think> i will go forward']\n"
+        f"[Observation 3: '{obs2}', Action 3: 'go forward']\n"
+        "You are now at step 4 and your current observation is: You are at a junction with a red "
+        "door, blue door and green door.\n"
+        "Your admissible actions of the current situation are: ['open red door'\n "
+        "'open blue door'\n 'open green door'].\n")
+    with pytest.raises(ValueError, match="verl-agent"):
+        collect_rollouts(policy, RecordingPool(2), [0], group_size=2, max_steps=2,
+                         projection="lenient")
+
+
+def test_strict_projection_in_rollouts_executes_the_empty_action():
+    replies = ["<action>press red button</action>", "I will go forward",
+               "<action>go forward</action>", "<action>open red door</action>"]
+    pool = RecordingPool(1)
+    batch = collect_rollouts(ReplayPolicy(replies), pool, [0], group_size=1, max_steps=4,
+                             projection="strict")
+    assert pool.received == [["press red button", "", "go forward", "open red door"]]
+    np.testing.assert_array_equal(batch.valid, [True, False, True, True])
+    np.testing.assert_array_equal(batch.reward, [0.0, 0.0, 0.0, WIN_REWARD])
+
+
 def test_random_tiny_model_on_the_toy_env(tiny):
     model, tok = tiny
     policy = Policy(model, tok, temperature=1.0, max_new_tokens=8, max_prompt_tokens=512)
@@ -118,7 +223,7 @@ def test_random_tiny_model_on_the_toy_env(tiny):
     assert len(batch) == 4 * 3  # nobody wins by chance in 3 steps with noise replies
     invalid = ~batch.valid
     assert invalid.any()
-    np.testing.assert_allclose(batch.reward[invalid], -0.1)  # env reward 0, penalty -0.1
+    np.testing.assert_array_equal(batch.reward, 0.0)  # the env's reward: no invalid penalty
     assert all(len(r) <= 8 for r in batch.response_ids)
     assert all(len(p) <= 512 for p in batch.prompt_ids)
 
@@ -135,6 +240,7 @@ def test_rollouts_on_real_alfworld_games(tiny):
     assert set(batch.task_type) == {task_type_of(games[0]), task_type_of(games[1])}
     first = [batch.anchor[i] for i in np.flatnonzero(batch.step_id == 0)]
     assert first[0] == first[1] and first[2] == first[3]  # a group shares its initial state
+    assert first[0].startswith("-= Welcome to TextWorld, ALFRED! =-\n\n")  # raw, banner kept
     assert "Your task is to:" in first[0]
     assert "ALFRED" in tok.decode(batch.prompt_ids[0])
 

@@ -8,7 +8,10 @@
 
 No game logic is reimplemented: every step goes through TextWorld's PDDL engine with ALFWorld's
 `AlfredDemangler` (readable object names) and `AlfredInfos` wrappers. Reward is 10 on success and
-0 otherwise; an episode ends on success or after `max_steps` steps.
+0 otherwise; an episode ends on success or after `max_steps` steps. Observations (and anchors) are
+the engine's feedback as is, the reset one with its "-= Welcome to TextWorld, ALFRED! =-" banner,
+and actions reach the engine unchanged (as the authors' verl-agent runs them): TextWorld itself
+strips the command and answers "Nothing happens." to anything not admissible.
 
 Data: `data_dir=` argument, else `$ALFWORLD_DATA`, else the project's copy of the game files
 (`../shared/data/alfworld/json_2.1.1.tar.xz` beside the checkout, or `$HGPO_JAX_ALFWORLD_ARCHIVE`),
@@ -20,11 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tarfile
 import uuid
 from functools import lru_cache
+
+from hgpo_jax.envs.prompts import task_from_observation
 
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
 # The paper's In-/Out-of-distribution evaluation splits.
@@ -33,7 +37,6 @@ TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_
               "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep",
               "pick_two_obj_and_place")
 WIN_REWARD = 10.0
-MAX_ACTION_CHARS = 512  # longer action strings are cut before they reach the parser
 ARCHIVE_NAME = "json_2.1.1.tar.xz"
 DATA_FOLDER = "json_2.1.1"
 _COMPLETE = ".complete"
@@ -168,20 +171,14 @@ def task_type_of(game_path: str) -> str:
 
 
 # --------------------------------------------------------------------------- the environment
-_WELCOME = re.compile(r"^\s*-= Welcome to TextWorld, ALFRED! =-\s*", re.S)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+def as_command(action) -> str:
+    """The text TextWorld is given for `action`: a str unchanged, anything else its str().
 
-
-def clean_action(action) -> str:
-    """Any input -> a short single-line lower-case command (control characters removed)."""
-    text = _CONTROL.sub(" ", str(action))[:MAX_ACTION_CHARS]
-    return " ".join(text.lower().split())
-
-
-def task_description(first_obs: str) -> str:
-    """The 'Your task is to: ...' sentence of the first observation ('' if absent)."""
-    m = re.search(r"Your task is to:\s*(.*)", first_obs)
-    return m.group(1).strip() if m else ""
+    TextWorld strips the command and looks it up among the admissible commands, answering
+    "Nothing happens." when it is not one; any str (empty, control characters, 1 MB) is handled
+    that way in ~0.1 s. Only objects without `.strip` (None, numbers) make it raise.
+    """
+    return action if isinstance(action, str) else str(action)
 
 
 class AlfworldEnv:
@@ -209,16 +206,16 @@ class AlfworldEnv:
         self._game = game
         state = self._env.reset()
         self.steps, self.won = 0, False
-        obs = _WELCOME.sub("", state["feedback"]).strip()
-        self.task = task_description(obs)
+        obs = state["feedback"]
+        self.task = task_from_observation(obs)
         return obs, self._info(state, obs)
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         if self._env is None:
             raise RuntimeError("call reset(game_path) before step()")
-        state, _, _ = self._env.step(clean_action(action))
+        state, _, _ = self._env.step(as_command(action))
         self.steps += 1
-        obs = state["feedback"].strip()
+        obs = state["feedback"]
         newly_won = bool(state["won"]) and not self.won
         self.won = self.won or bool(state["won"])
         done = self.won or self.steps >= self.max_steps

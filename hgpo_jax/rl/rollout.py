@@ -5,9 +5,11 @@
 Env i runs task `tasks[i // group_size]`, so each group of `group_size` envs starts from the same
 state. Each step: build the prompts of the envs still running (task, memory of the last
 `memory_len` steps, current observation, admissible actions), generate for them only, project the
-replies to actions, step those envs in the pool, record one row per env step. Finished envs cost
-no generation. An episode whose env failed in the pool (timeout, dead worker) is dropped from the
-returned rows and counted in `batch.num_failed`.
+replies to actions (`project_action`, verl-agent rules by default), step those envs in the pool
+with the projected actions, valid or not, record one row per env step (reward: the env's own; the
+invalid-action penalty is the advantage computation's business). The memory shows the projected
+actions. Finished envs cost no generation. An episode whose env failed in the pool (timeout, dead
+worker) is dropped from the returned rows and counted in `batch.num_failed`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from hgpo_jax.envs.prompts import (INVALID_ACTION_PENALTY, MAX_REPLY_CHARS, SYSTEM_INTRO, Turn, build_prompt,
-                                   project_action, shaped_reward, success_rates)
+from hgpo_jax.envs.prompts import (ALFWORLD_INTRO, PROJECTIONS, Turn, build_prompt,
+                                   project_action, success_rates)
 
 
 @dataclasses.dataclass
@@ -55,8 +57,9 @@ class RolloutBatch:
 
     task_id, traj_id, step_id: int [S]; anchor: list[str] [S]; prompt_ids, response_ids:
     list[list[int]]; sample_logp: list[list[float]] (log-probs under the sampling policy);
-    reward: float [S] (env reward + invalid penalty); valid, done: bool [S]; won: bool [S]
-    (the trajectory's outcome); task_type: list[str] [S].
+    reward: float [S] (the env's reward; no invalid-action penalty is applied here); valid: bool
+    [S] (the reply's projection was valid); done: bool [S]; won: bool [S] (the trajectory's
+    outcome); task_type: list[str] [S].
     Episode-level: episode_traj (env index), episode_won, episode_task_type, episode_length,
     each [E], for the E trajectories kept; num_failed episodes dropped; timing in seconds.
     """
@@ -102,15 +105,13 @@ class RolloutBatch:
 
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
-                     memory_len: int = 2, *, rng=0, intro: str = SYSTEM_INTRO,
-                     max_reply_chars: int = MAX_REPLY_CHARS,
-                     invalid_penalty: float = INVALID_ACTION_PENALTY,
-                     progress: bool = False) -> RolloutBatch:
+                     memory_len: int = 2, *, rng=0, intro: str = ALFWORLD_INTRO,
+                     projection: str = "verl-agent", progress: bool = False) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
-    sampling (split per step). invalid_penalty: added to the reward of a step whose reply has no
-    valid <action> tag. Returns a RolloutBatch; see the module docstring.
+    sampling (split per step). projection: the `project_action` rules (one of PROJECTIONS).
+    Returns a RolloutBatch; see the module docstring.
     """
     import jax
 
@@ -118,6 +119,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     if group_size < 1 or not tasks:
         raise ValueError(f"need at least one task and group_size >= 1 (got {len(tasks)} tasks, "
                          f"group_size {group_size})")
+    if projection not in PROJECTIONS:
+        raise ValueError(f"unknown projection rules {projection!r}; use one of {PROJECTIONS}")
     if env_pool.num_envs != num_envs:
         raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
                          f"{group_size} need {num_envs}")
@@ -142,8 +145,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         if not active:
             break
         prompts = [policy.encode_prompt(build_prompt(
-            task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len, intro))
-            for i in active]
+            task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len,
+            intro=intro)) for i in active]
         key, sub = jax.random.split(key)
         t1 = time.perf_counter()
         out = policy.generate(prompts, sub)
@@ -152,7 +155,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         actions = {}
         valid = {}
         for i, text in zip(active, texts):
-            actions[i], valid[i] = project_action(text, max_reply_chars)
+            actions[i], valid[i] = project_action(text, rules=projection)
         t2 = time.perf_counter()
         step_replies = env_pool.step(actions)
         timing["env_step"] += time.perf_counter() - t2
@@ -164,7 +167,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
             rows.append(dict(task_id=i // group_size, traj_id=i, step_id=t, anchor=infos[i]["anchor"],
                              prompt_ids=prompts[j], response_ids=list(out.tokens[j]),
                              sample_logp=list(out.logprobs[j]),
-                             reward=shaped_reward(r.reward, valid[i], invalid_penalty), valid=valid[i], done=r.done,
+                             reward=float(r.reward), valid=valid[i], done=r.done,
                              task_type=infos[i]["task_type"]))
             history[i].append(Turn(obs[i], actions[i]))
             obs[i], infos[i] = r.obs, r.info
@@ -202,7 +205,8 @@ def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dic
 
 
 def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-             rng=0, intro: str = SYSTEM_INTRO, progress: bool = False) -> dict[str, float]:
+             rng=0, intro: str = ALFWORLD_INTRO, projection: str = "verl-agent",
+             progress: bool = False) -> dict[str, float]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
     success overall ('all') and per task type, plus the number of episodes and failures.
 
@@ -220,7 +224,7 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
         chunk += [chunk[-1]] * (n - real)  # fill the pool; the padding's results are ignored
         key, sub = jax.random.split(key)
         batch = collect_rollouts(policy, env_pool, chunk, 1, max_steps, memory_len, rng=sub,
-                                 intro=intro)
+                                 intro=intro, projection=projection)
         kept = set(batch.episode_traj.tolist())
         failed += sum(1 for i in range(real) if i not in kept)
         for i, w, t in zip(batch.episode_traj, batch.episode_won, batch.episode_task_type):
