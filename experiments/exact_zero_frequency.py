@@ -19,7 +19,9 @@ torch emulation of the authors' arithmetic written from its description (test-on
   * equal-value groups: groups of >= 2 rows (hgpo levels, gigpo step groups, task groups) whose
     values are equal in exact arithmetic and non-zero, and the fraction of them that the float32
     emulation gives a non-zero (|A| > 1e-3) advantage;
-  * rows whose final advantage differs by more than 0.01, and the largest difference.
+  * rows whose final advantage differs by more than 0.01, and the largest difference;
+  * and, apart from the rollouts, for group sizes 2..8 and the typical equal values of an ALFWorld
+    group (10 * 0.95^k with or without the penalty, -0.1), how many the emulation gets wrong.
 
   python experiments/exact_zero_frequency.py                  # 2 batches, ~15 min on 2 cores
   python experiments/exact_zero_frequency.py --batches 1 --groups 4   # a quick look
@@ -185,7 +187,11 @@ def measure(cols: dict) -> dict:
         equal = [(v, a) for v, a in groups if len(set(v)) == 1 and v[0] != 0]
         spurious = [a for _, a in equal if np.any(np.abs(a) > 1e-3)]
         diff = np.abs(ours - theirs)
+        sizes = defaultdict(int)
+        for v, _ in equal:
+            sizes[len(v)] += 1
         result[estimator] = {
+            "equal_nonzero_group_sizes": dict(sorted(sizes.items())),
             "rows": int(len(ours)),
             "groups_normalized": len(groups),
             "equal_nonzero_groups": len(equal),
@@ -197,6 +203,27 @@ def measure(cols: dict) -> dict:
             "mean_abs_diff": float(diff.mean()) if len(diff) else 0.0,
         }
     return result
+
+
+def synthetic_table(max_size: int = 8) -> dict:
+    """For group sizes 2..max_size: of the typical equal values of an ALFWorld group (a success
+    k steps ahead, 10 * 0.95^k for k < 50, with or without the penalty, and -0.1), how many the
+    float32 emulation normalizes to a spurious |A| > 1e-3, and the largest |A|."""
+    import torch
+
+    values = [torch.tensor(float(np.float32(10 * GAMMA ** k))) - PENALTY * inv
+              for k in range(50) for inv in (0, 1)] + [torch.tensor(0.0) - PENALTY]
+    table = {}
+    for size in range(2, max_size + 1):
+        spurious = []
+        for v in values:
+            r = v.repeat(size)
+            a = ((r - r.mean()) / (r.std(unbiased=False) + EPS)).abs().max().item()
+            if a > 1e-3:
+                spurious.append(a)
+        table[size] = {"values": len(values), "spurious": len(spurious),
+                       "max_abs": max(spurious, default=0.0)}
+    return table
 
 
 def main(argv=None) -> dict:
@@ -236,9 +263,16 @@ def main(argv=None) -> dict:
               for est in ESTIMATORS}
     for est in ESTIMATORS:
         totals[est]["max_abs_diff"] = max(bm[est]["max_abs_diff"] for bm in batches)
+        sizes = defaultdict(int)
+        for bm in batches:
+            for size, count in bm[est]["equal_nonzero_group_sizes"].items():
+                sizes[size] += count
+        totals[est]["equal_nonzero_group_sizes"] = dict(sorted(sizes.items()))
+    synthetic = synthetic_table()
+    print("equal groups of typical values, float32 emulation:", json.dumps(synthetic))
     out = {"command": "python experiments/exact_zero_frequency.py " + " ".join(argv or sys.argv[1:]),
            "args": vars(args), "wall_seconds": round(time.time() - t0, 1), "batches": batches,
-           "totals": totals}
+           "totals": totals, "synthetic_equal_groups": synthetic}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
