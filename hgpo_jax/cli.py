@@ -117,9 +117,7 @@ def cmd_export(args) -> int:
     with Trainer(cfg, resume=True, progress=False) as trainer:
         if not trainer.ckpt.steps():
             raise FileNotFoundError(f"{args.run_dir} has no checkpoint to export")
-        from flax import nnx
-        model = nnx.merge(trainer.graphdef, trainer.params)
-        out = save_pretrained(model, args.out_dir, tokenizer=trainer.tokenizer,
+        out = save_pretrained(trainer.model(), args.out_dir, tokenizer=trainer.tokenizer,
                               overwrite=args.overwrite)
     print(f"exported iteration {trainer.iteration} of {args.run_dir} to {out}")
     return 0

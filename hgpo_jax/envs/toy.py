@@ -18,6 +18,7 @@ from __future__ import annotations
 PALETTE = ("red", "blue", "green", "yellow", "white", "black")
 WIN_REWARD = 10.0
 TASK = "open the door of the colour of the button you pressed."
+TOY_INTRO = "You are an agent in a small text world."  # the prompt's first sentence for this env
 
 
 def _join(items: list[str]) -> str:

@@ -26,6 +26,13 @@ from hgpo_jax.envs.prompts import (ALFWORLD_INTRO, PROJECTIONS, Turn, build_prom
                                    project_action, success_rates)
 
 
+def encode_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
+    """The token ids a step's prompt text becomes: the tokenizer's chat template around one user
+    message, cut to its last `max_prompt_tokens` tokens (left truncation, as the authors')."""
+    ids = tokenizer.chat_prompt([{"role": "user", "content": text}])
+    return ids[-max_prompt_tokens:]
+
+
 @dataclasses.dataclass
 class Policy:
     """What a rollout needs of the model: weights, tokenizer and sampling settings."""
@@ -40,8 +47,7 @@ class Policy:
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long."""
-        ids = self.tokenizer.chat_prompt([{"role": "user", "content": text}])
-        return ids[-self.max_prompt_tokens:]
+        return encode_prompt(self.tokenizer, text, self.max_prompt_tokens)
 
     def generate(self, prompts: list[list[int]], rng):
         from hgpo_jax.rl.sampling import generate

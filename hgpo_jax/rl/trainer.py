@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import signal
 import time
 from collections import defaultdict
@@ -25,49 +24,19 @@ from collections import defaultdict
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm.auto import tqdm
 
-from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
+from hgpo_jax.envs.toy import TOY_INTRO
+from hgpo_jax.models.local import resolve_model_path  # noqa: F401  (re-exported for callers)
 from hgpo_jax.rl.advantages import compute_step_advantages
 from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows
-from hgpo_jax.rl.checkpoint import Checkpointer
 from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.ppo import (LossConfig, init_opt_state, make_logprob_fn, make_optimizer,
-                             make_train_step, param_shardings)
+from hgpo_jax.rl.ppo import LossConfig, make_logprob_fn, make_train_step
 from hgpo_jax.rl.rollout import Policy, collect_rollouts
-
-TOY_INTRO = "You are an agent in a small text world."
+from hgpo_jax.runs import Run, build_optimizer  # noqa: F401  (build_optimizer re-exported)
 
 
 # --------------------------------------------------------------------------- set-up helpers
-def resolve_model_path(path: str) -> str:
-    """'tiny' -> a tiny random Qwen2 built once in the cache; anything else must be a folder."""
-    if path == "tiny":
-        from hgpo_jax.envs.alfworld import cache_root
-        from hgpo_jax.models.tiny import build_tiny_pretrained
-
-        folder = os.path.join(cache_root(), "tiny-qwen2")
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            print(f"building a tiny random Qwen2 in {folder} ...", flush=True)
-            build_tiny_pretrained(folder, overwrite=True)
-        return folder
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"model.path {path!r} is not a local folder. Download the checkpoint (e.g. "
-            "`huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir DIR`) and pass "
-            "model.path=DIR, or use model.path=tiny for a tiny random model")
-    return path
-
-
-def build_optimizer(cfg, total_steps: int = 1):
-    """The config's AdamW (`cfg.optim`); `total_steps` sizes a cosine schedule."""
-    o = cfg.optim
-    return make_optimizer(o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
-                          warmup_steps=o.warmup_steps, schedule=o.schedule,
-                          total_steps=total_steps, b1=o.b1, b2=o.b2)
-
-
 def build_loss_config(cfg) -> LossConfig:
     """The config's PPO-KL loss settings (`cfg.algo`)."""
     a = cfg.algo
@@ -139,47 +108,16 @@ def _mean_metrics(records: list[dict]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- the trainer
-class Trainer:
-    """Holds the policy, reference, optimizer, env pool, checkpointer and logger of one run."""
+class Trainer(Run):
+    """The RL run: the policy, the frozen reference, the optimizer, the env pool, checkpoints and
+    metrics (`hgpo_jax.runs.Run` holds what it shares with the supervised trainer)."""
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
-        from hgpo_jax.config import save_config
-        from hgpo_jax.metrics import MetricsLogger
-
-        if jax.process_count() > 1:
-            raise RuntimeError(
-                f"this run has {jax.process_count()} JAX processes, but the trainer feeds rollouts "
-                "and mini-batches from one process (multi-host data loading is not implemented "
-                "yet); run one process per job: its mesh may span all of that host's devices")
-        self.cfg, self.progress = cfg, progress
-        self.run_dir = cfg.run_path()
-        os.makedirs(self.run_dir, exist_ok=True)
-        ckpt_dir = os.path.join(self.run_dir, "checkpoints")
-        if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-            raise FileExistsError(f"{self.run_dir} already has checkpoints; pass --resume to "
-                                  "continue it, or choose another name=/train.run_dir=")
-        save_config(cfg, os.path.join(self.run_dir, "config.yaml"))
-
-        self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-        self.dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         t, r = cfg.train, cfg.rollout
-        if t.micro_batch_size % self.dp:
-            raise ValueError(f"train.micro_batch_size={t.micro_batch_size} must be a multiple of "
-                             f"the data-parallel size {self.dp} (mesh data x fsdp)")
-        self.model_dir = resolve_model_path(cfg.model.path)
-        model = load_pretrained(self.model_dir, dtype=cfg.model.dtype,
-                                compute_dtype=cfg.model.compute_dtype, mesh=self.mesh,
-                                progress=progress)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
-        self.shardings = param_shardings(self.mesh, self.params)
-
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
-        self.tx = build_optimizer(cfg, est_updates)
-        self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, self.mesh)
+        super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates)
+        self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
         self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
                                           t.mini_batch_size // t.micro_batch_size, self.mesh,
                                           self.shardings, self.opt_shardings)
@@ -190,8 +128,6 @@ class Trainer:
         self.np_rng = np.random.default_rng(t.seed + 1)
         self.iteration = 0
         self._pool = None
-        self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
-        self.logger = MetricsLogger(self.run_dir)
         self._stop = False
         if resume:
             self.restore()
@@ -209,30 +145,19 @@ class Trainer:
         return self._pool
 
     # ------------------------------------------------------------------ state
-    def _ckpt_state(self) -> dict:
-        return {"params": self.params, "opt_state": self.opt_state}
+    def meta(self) -> dict:
+        return {**super().meta(), "iteration": self.iteration, "key": np.asarray(self.key).tolist(),
+                "sampler": self.sampler.state(), "np_rng": self.np_rng.bit_generator.state}
 
-    def save(self) -> None:
-        meta = {"iteration": self.iteration, "key": np.asarray(self.key).tolist(),
-                "sampler": self.sampler.state(), "np_rng": self.np_rng.bit_generator.state,
-                "name": self.cfg.name}
-        self.ckpt.save(self.iteration, self._ckpt_state(), meta)
-
-    def restore(self) -> bool:
-        found = self.ckpt.restore_latest(self._ckpt_state())
-        if found is None:
-            return False
-        state, meta, _ = found
-        self.params, self.opt_state = state["params"], state["opt_state"]
+    def load_meta(self, meta: dict) -> None:
         self.iteration = int(meta["iteration"])
         self.key = jnp.asarray(meta["key"], jnp.uint32)
         self.sampler.load(meta["sampler"])
         self.np_rng.bit_generator.state = meta["np_rng"]
-        return True
 
     def policy(self, temperature: float) -> Policy:
         r = self.cfg.rollout
-        return Policy(nnx.merge(self.graphdef, self.params), self.tokenizer,
+        return Policy(self.model(), self.tokenizer,
                       temperature=temperature, top_p=r.top_p, top_k=r.top_k,
                       max_new_tokens=r.max_new_tokens, max_prompt_tokens=r.max_prompt_tokens)
 
@@ -326,7 +251,7 @@ class Trainer:
                         metrics.update(ev)
                 if (t.save_every and self.iteration % t.save_every == 0) or self._stop \
                         or self.iteration == t.iterations:
-                    self.save()
+                    self.save(self.iteration)
         finally:
             bar.close()
             signal.signal(signal.SIGTERM, previous)
@@ -353,11 +278,4 @@ class Trainer:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        self.logger.close()
-        self.ckpt.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()

@@ -1,0 +1,152 @@
+"""What every training run (RL or supervised) shares: the run folder, the model, the optimizer,
+checkpoints and metrics; and loading a policy from any `model.path`.
+
+    model, tokenizer, base = load_model(path, dtype="float32", mesh=mesh)
+
+`path` is a Hugging Face folder, `tiny`, `build:<env>-<size>` (hgpo_jax.models.local) or an
+hgpo-jax run folder: its config's own `model.path` gives the architecture and tokenizer (followed
+recursively, so an RL run started from a supervised run works), and the weights are those of its
+latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+from flax import nnx
+
+from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
+from hgpo_jax.models.local import resolve_model_path
+from hgpo_jax.rl.checkpoint import Checkpointer
+from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings
+
+RUN_CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+
+
+def is_run_dir(path: str) -> bool:
+    """A folder written by an hgpo-jax run (its config.yaml and checkpoints/)."""
+    return os.path.isfile(os.path.join(path, RUN_CONFIG)) and os.path.isdir(os.path.join(path, CHECKPOINTS))
+
+
+def build_optimizer(cfg, total_steps: int = 1):
+    """The config's AdamW (`cfg.optim`); `total_steps` sizes a cosine schedule."""
+    o = cfg.optim
+    return make_optimizer(o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+                          warmup_steps=o.warmup_steps, schedule=o.schedule,
+                          total_steps=total_steps, b1=o.b1, b2=o.b2)
+
+
+def load_model(path: str, dtype: str = "float32", compute_dtype: str | None = None, mesh=None,
+               progress: bool = False):
+    """(model, tokenizer, base folder) for a model.path (see the module docstring)."""
+    if os.path.isdir(path) and is_run_dir(path):
+        return _load_run_model(path, dtype, compute_dtype, mesh, progress)
+    folder = resolve_model_path(path)
+    model = load_pretrained(folder, dtype=dtype, compute_dtype=compute_dtype, mesh=mesh,
+                            progress=progress)
+    return model, load_tokenizer(folder), folder
+
+
+def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
+    from hgpo_jax.config import load_config
+
+    cfg = load_config(run_dir)
+    model, tokenizer, base = load_model(cfg.model.path, dtype, compute_dtype, mesh, progress)
+    graphdef, params = nnx.split(model, nnx.Param)
+    opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    try:
+        found = ckpt.restore_latest({"params": params, "opt_state": opt_state})
+    finally:
+        ckpt.close()
+    if found is None:
+        raise FileNotFoundError(f"model.path {run_dir!r} is a run folder without checkpoints; "
+                                "train it first (or point at another run)")
+    state, _, step = found
+    if progress:
+        print(f"loaded the weights of {run_dir} at step {step}", flush=True)
+    return nnx.merge(graphdef, state["params"]), tokenizer, base
+
+
+class Run:
+    """A run folder with its model, optimizer, checkpoints and metrics.
+
+    Subclasses (the RL trainer, the supervised trainer) add their data and their step. `params`
+    and `opt_state` are checkpointed; `meta()` / `load_meta()` carry everything else a resumed
+    run needs to continue exactly.
+    """
+
+    def __init__(self, cfg, *, resume: bool = False, progress: bool = True, total_updates: int = 1):
+        from hgpo_jax.config import save_config
+        from hgpo_jax.metrics import MetricsLogger
+
+        if jax.process_count() > 1:
+            raise RuntimeError(
+                f"this run has {jax.process_count()} JAX processes, but the trainer feeds rollouts "
+                "and mini-batches from one process (multi-host data loading is not implemented "
+                "yet); run one process per job: its mesh may span all of that host's devices")
+        self.cfg, self.progress = cfg, progress
+        self.run_dir = cfg.run_path()
+        if os.path.abspath(self.run_dir) == os.path.abspath(cfg.model.path):
+            raise ValueError(f"model.path {cfg.model.path!r} is this run's own folder; start from "
+                             "another run or model")
+        os.makedirs(self.run_dir, exist_ok=True)
+        ckpt_dir = os.path.join(self.run_dir, CHECKPOINTS)
+        if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+            raise FileExistsError(f"{self.run_dir} already has checkpoints; pass --resume to "
+                                  "continue it, or choose another name=/train.run_dir=")
+        save_config(cfg, os.path.join(self.run_dir, RUN_CONFIG))
+
+        t = cfg.train
+        self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        self.dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        if t.micro_batch_size % self.dp:
+            raise ValueError(f"train.micro_batch_size={t.micro_batch_size} must be a multiple of "
+                             f"the data-parallel size {self.dp} (mesh data x fsdp)")
+        model, self.tokenizer, self.model_dir = load_model(
+            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, progress)
+        model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
+        self.graphdef, self.params = nnx.split(model, nnx.Param)
+        self.shardings = param_shardings(self.mesh, self.params)
+        self.tx = build_optimizer(cfg, max(1, math.ceil(total_updates)))
+        self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, self.mesh)
+        self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
+        self.logger = MetricsLogger(self.run_dir)
+
+    # ------------------------------------------------------------------ checkpoints
+    def meta(self) -> dict:
+        """JSON-able loop state saved with each checkpoint (subclasses extend it)."""
+        return {"name": self.cfg.name}
+
+    def load_meta(self, meta: dict) -> None:
+        """Restore the loop state from a checkpoint's meta (subclasses extend it)."""
+
+    def save(self, step: int) -> None:
+        self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state}, self.meta())
+
+    def restore(self) -> int | None:
+        """Load the newest usable checkpoint; returns its step (None when there is none)."""
+        found = self.ckpt.restore_latest({"params": self.params, "opt_state": self.opt_state})
+        if found is None:
+            return None
+        state, meta, step = found
+        self.params, self.opt_state = state["params"], state["opt_state"]
+        self.load_meta(meta)
+        return step
+
+    def model(self):
+        """The current policy as an NNX module."""
+        return nnx.merge(self.graphdef, self.params)
+
+    def close(self) -> None:
+        self.logger.close()
+        self.ckpt.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
