@@ -22,6 +22,7 @@ from hgpo_jax.rl.grouping import (
     build_trajectory_groups,
     discounted_returns,
     episode_returns,
+    full_history_ids,
     hierarchy_stats,
     prepare_batch,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "discounted_returns",
     "entropy_from_logits",
     "episode_returns",
+    "full_history_ids",
     "hierarchy_stats",
     "ppo_kl_loss",
     "ppo_kl_loss_jit",
