@@ -1,4 +1,5 @@
-"""RL core: hierarchical grouping (host), advantage estimators and the PPO-KL loss (device).
+"""RL core: hierarchical grouping (host), advantage estimators and the PPO-KL loss (device), and
+the bias-against-the-oracle diagnostic.
 
 See docs/advantages.md.
 """
@@ -14,6 +15,7 @@ from hgpo_jax.rl.advantages import (
     device_step_advantages,
     step_advantages_from_index,
 )
+from hgpo_jax.rl.diagnostics import oracle_advantages, oracle_deviation
 from hgpo_jax.rl.grouping import (
     GroupIndex,
     StepBatch,
@@ -22,6 +24,7 @@ from hgpo_jax.rl.grouping import (
     build_trajectory_groups,
     discounted_returns,
     episode_returns,
+    full_history_ids,
     hierarchy_stats,
     prepare_batch,
 )
@@ -46,7 +49,10 @@ __all__ = [
     "discounted_returns",
     "entropy_from_logits",
     "episode_returns",
+    "full_history_ids",
     "hierarchy_stats",
+    "oracle_advantages",
+    "oracle_deviation",
     "ppo_kl_loss",
     "ppo_kl_loss_jit",
     "prepare_batch",

@@ -17,6 +17,8 @@ trajectory id) is interned once into a dense integer code, and the key of hierar
 (task, a_t, a_{t-1}, ..., a_{t-k}) is built from the level k-1 id and the code of a_{t-k} by an
 exact pair -> dense-id step (`np.unique(return_inverse=True)` on int64 pairs). Because the
 pairing is exact, two different anchor histories can never share a group (no hash collisions).
+`full_history_ids` builds the full-history groups (task, a_0, ..., a_t) of the bias diagnostic
+(`hgpo_jax.rl.diagnostics`) forwards with the same pairing.
 """
 
 from __future__ import annotations
@@ -261,6 +263,16 @@ def _rewards_of(batch: StepBatch, rewards: np.ndarray | None, what: str) -> np.n
     return batch.rewards
 
 
+def _rows_by_step(batch: StepBatch) -> list[np.ndarray]:
+    """Canonical rows grouped by step index: element t holds the rows at step t (ascending), for
+    t = 0..max step; empty for an empty batch. The per-step loops below run over this list."""
+    if batch.num_steps == 0:
+        return []
+    rows_by_step = np.argsort(batch.step, kind="stable")
+    bounds = np.searchsorted(batch.step[rows_by_step], np.arange(int(batch.step.max()) + 2))
+    return [rows_by_step[bounds[t]:bounds[t + 1]] for t in range(int(batch.step.max()) + 1)]
+
+
 def discounted_returns(batch: StepBatch, gamma: float, rewards: np.ndarray | None = None) -> np.ndarray:
     """R_t = sum_{j >= t} gamma^(j-t) r_j within each trajectory, float64 [N] canonical order.
 
@@ -273,14 +285,10 @@ def discounted_returns(batch: StepBatch, gamma: float, rewards: np.ndarray | Non
     out = np.zeros(n, np.float64)
     if n == 0:
         return out
-    # Canonical rows grouped by step index: rows_by_step[bounds[t]:bounds[t+1]] are at step t.
-    rows_by_step = np.argsort(batch.step, kind="stable")
-    bounds = np.searchsorted(batch.step[rows_by_step], np.arange(int(batch.step.max()) + 2))
     is_last = np.zeros(n, bool)
     is_last[batch.traj_start + batch.traj_len - 1] = True
     nxt = np.append(out, 0.0)  # out[n] stays 0 and serves as "after the end"
-    for t in range(int(batch.step.max()), -1, -1):
-        rows = rows_by_step[bounds[t]:bounds[t + 1]]
+    for rows in reversed(_rows_by_step(batch)):
         following = np.where(is_last[rows], n, rows + 1)
         nxt[rows] = r[rows] + gamma * nxt[following]
     return nxt[:n].copy()
@@ -304,6 +312,15 @@ def _densify(keys: np.ndarray) -> tuple[np.ndarray, int]:
     return inverse.reshape(-1).astype(np.int64), int(uniq.shape[0])
 
 
+def _pair_ids(left: np.ndarray, right: np.ndarray, num_right: int) -> tuple[np.ndarray, int]:
+    """Exact pair -> dense id: rows share an id iff they share (left, right). `left` holds
+    non-negative ints, `right` codes in [0, num_right); the pair is packed into one int64 (no
+    hashing) and densified. Returns (ids int64 [M] in [0, G), G)."""
+    if left.shape[0] == 0:
+        return np.zeros(0, np.int64), 0
+    return _densify(left.astype(np.int64) * max(num_right, 1) + right)
+
+
 def step_level_ids(batch: StepBatch, K: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """Per-level dense group ids, before offsetting.
 
@@ -312,20 +329,41 @@ def step_level_ids(batch: StepBatch, K: int) -> list[tuple[np.ndarray, np.ndarra
     Level k's group is (task, a_t, a_{t-1}, ..., a_{t-k}).
     """
     n = batch.num_steps
-    task = batch.task_of_traj[batch.traj].astype(np.int64)
+    task = batch.task_of_traj[batch.traj]
     rows = np.arange(n, dtype=np.int64)
-    ids, g = _densify(task * max(batch.num_anchors, 1) + batch.anchor)
+    ids, g = _pair_ids(task, batch.anchor, batch.num_anchors)
     levels = [(rows, ids, g)]
     full_prev = ids  # level k-1 id per row in `rows` (rows shrink with k)
     for k in range(1, K + 1):
         keep = batch.step[rows] >= k
         rows, prev = rows[keep], full_prev[keep]
         # Canonical rows are sorted by (trajectory, step), so row - k is step t-k of the same one.
-        keys = prev * max(batch.num_anchors, 1) + batch.anchor[rows - k]
-        ids, g = _densify(keys) if rows.shape[0] else (np.zeros(0, np.int64), 0)
+        ids, g = _pair_ids(prev, batch.anchor[rows - k], batch.num_anchors)
         levels.append((rows, ids, g))
         full_prev = ids
     return levels
+
+
+def full_history_ids(batch: StepBatch) -> np.ndarray:
+    """Full-history group of every canonical row: int64 [N], dense ids in [0, G).
+
+    Two rows share an id iff they have the same task and the same anchors a_0, a_1, ..., a_t
+    (so the same step index t). Built forwards with the exact pairing of `step_level_ids`:
+    id(t=0) = pair(task, a_0), id(t) = pair(id(t-1) of the same trajectory, a_t), one vectorized
+    update per step index (a loop over the longest trajectory, never over rows); each step index
+    gets its own id range. The grouping equals hgpo's level-t group of a step t (the same key
+    (task, a_t, ..., a_0)), but `step_level_ids` would need K = the longest trajectory and
+    O(N * length) work to reach it; this forward pass touches each row once.
+    """
+    out = np.zeros(batch.num_steps, np.int64)
+    offset = 0
+    for t, rows in enumerate(_rows_by_step(batch)):
+        # Canonical rows are sorted by (trajectory, step): row - 1 is step t-1 of the same one.
+        prev = batch.task_of_traj[batch.traj[rows]] if t == 0 else out[rows - 1]
+        ids, g = _pair_ids(prev, batch.anchor[rows], batch.num_anchors)
+        out[rows] = ids + offset
+        offset += g
+    return out
 
 
 def build_step_groups(batch: StepBatch, K: int) -> GroupIndex:
