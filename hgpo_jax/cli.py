@@ -6,8 +6,12 @@
     hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N]
         Success rate (overall and per task type) under eval.protocol at eval.temperature; a
         RUN_DIR evaluates its latest checkpoint.
+    hgpo-jax sft CONFIG [key=value ...] [--resume]
+        Supervised warm start (the `sft:` section) on expert episodes, random episodes (the
+        reply format only) or a JSONL of {"prompt", "response"} turns; an RL run starts from it
+        with model.path=RUN_DIR.
     hgpo-jax export RUN_DIR OUT_DIR
-        The latest checkpoint's policy as a Hugging Face folder (with the tokenizer).
+        The latest checkpoint's policy (RL or supervised run) as a Hugging Face folder.
     hgpo-jax plan CONFIG [key=value ...]
         Compile the train step ahead of time for the config's mesh and print memory per device.
     hgpo-jax demo [--model DIR] [--prompt TEXT] [--max-new-tokens N]
@@ -106,20 +110,41 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
-    from hgpo_jax.config import load_config
-    from hgpo_jax.models import save_pretrained
-    from hgpo_jax.rl.trainer import Trainer
+def cmd_sft(args) -> int:
+    from hgpo_jax.config import format_config, load_config
+    from hgpo_jax.sft.trainer import SftTrainer
 
-    if not os.path.isfile(os.path.join(args.run_dir, "config.yaml")):
-        raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml)")
-    cfg = load_config(args.run_dir, ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"])
-    with Trainer(cfg, resume=True, progress=False) as trainer:
-        if not trainer.ckpt.steps():
-            raise FileNotFoundError(f"{args.run_dir} has no checkpoint to export")
-        out = save_pretrained(trainer.model(), args.out_dir, tokenizer=trainer.tokenizer,
-                              overwrite=args.overwrite)
-    print(f"exported iteration {trainer.iteration} of {args.run_dir} to {out}")
+    cfg = load_config(args.config, args.overrides)
+    print(format_config(cfg), flush=True)
+    with SftTrainer(cfg, resume=args.resume, progress=not args.no_progress) as trainer:
+        start = trainer.step
+        info = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in trainer.data_info.items())
+        print(f"supervised data: {info}", flush=True)
+        if args.resume:
+            print(f"resuming {trainer.run_dir} at step {start}", flush=True)
+        before = trainer.heldout_nll() if start == 0 else float("nan")
+        history = trainer.train()
+        print(f"\n{cfg.name}: steps {start + 1}..{trainer.step} (run folder {trainer.run_dir})")
+        evals = [(start + i + 1, m) for i, m in enumerate(history) if "heldout/nll" in m]
+        if start == 0:
+            print(f"  held-out NLL per response token: {before:.4f} before training")
+        for step, m in evals:
+            print(f"  step {step:>6}: train NLL {m['train/nll']:.4f}, held-out NLL {m['heldout/nll']:.4f}")
+        print(f"start an RL run from it with model.path={trainer.run_dir}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from hgpo_jax.models import save_pretrained
+    from hgpo_jax.runs import is_run_dir, load_model
+
+    if not is_run_dir(args.run_dir):
+        raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
+                                "checkpoints/)")
+    model, tokenizer, _ = load_model(args.run_dir, progress=True)
+    out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, overwrite=args.overwrite)
+    print(f"exported the latest checkpoint of {args.run_dir} to {out}")
     return 0
 
 
@@ -158,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each-once protocol: games per split (0: eval.games)")
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(func=cmd_eval)
+    sf = sub.add_parser("sft", help="supervised warm start on expert episodes or a JSONL")
+    sf.add_argument("config", help="config name (experiments/configs) or YAML path")
+    sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=100")
+    sf.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    sf.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sf.set_defaults(func=cmd_sft)
     ex = sub.add_parser("export", help="export a run's policy as a Hugging Face folder")
     ex.add_argument("run_dir")
     ex.add_argument("out_dir")
@@ -177,7 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may also follow the flags (`train tiny_cpu --resume algo.K=4`)
+    stray = [a for a in extra if "=" not in a or a.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:

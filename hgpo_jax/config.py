@@ -139,6 +139,7 @@ class TrainConfig:
     save_every: int = 10  # iterations between checkpoints (0 = only at the end)
     keep_checkpoints: int = 3  # most recent checkpoints kept
     remat: bool = True              # recompute each layer in the backward pass (saves activation memory)
+    pad_multiple: int = 64  # rows are right-padded to a multiple of this many tokens (compiled shapes)
 
 
 @dataclass
@@ -154,6 +155,19 @@ class EvalConfig:
     batch_size: int = 128  # verl-agent: episodes per batch (env i walks its own shuffled cycle)
     games: int = 0  # each-once: the first N games of a split (0 = all)
     every: int = 0  # iterations between evaluations during training (0 = never)
+
+
+@dataclass
+class SftConfig:
+    """Supervised warm start (`hgpo-jax sft`, docs/sft.md); uses optim, train, model, env, mesh."""
+
+    data: str = "expert"  # expert | random (the reply format only) | a JSONL of prompt/response turns
+    episodes: int = 200  # episodes recorded on env.split (toy: tasks; alfworld: games)
+    steps: int = 300  # optimizer steps
+    batch_size: int = 32  # turns per step (a multiple of train.micro_batch_size)
+    heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss
+    eval_every: int = 50  # steps between held-out losses (the last step always has one)
+    save_every: int = 100  # steps between checkpoints (0 = only at the end)
 
 
 @dataclass
@@ -177,6 +191,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
     train: TrainConfig = field(default_factory=TrainConfig)  # loop, checkpoints
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
+    sft: SftConfig = field(default_factory=SftConfig)  # supervised warm start
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
 
     def run_path(self) -> str:
@@ -678,6 +693,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     check(bool(t.run_dir.strip()), "train.run_dir", t.run_dir, "a folder path (may use {name})")
     at_least("train.save_every", t.save_every, 0)
     at_least("train.keep_checkpoints", t.keep_checkpoints, 1)
+    at_least("train.pad_multiple", t.pad_multiple, 1)
 
     v = cfg.eval
     one_of("eval.protocol", v.protocol, allowed["protocol"])
@@ -692,6 +708,18 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("eval.batch_size", v.batch_size, 1)
     at_least("eval.games", v.games, 0)
     at_least("eval.every", v.every, 0)
+
+    f = cfg.sft
+    check(bool(f.data.strip()), "sft.data", f.data, "expert, random or a JSONL path")
+    at_least("sft.episodes", f.episodes, 1)
+    at_least("sft.steps", f.steps, 1)
+    at_least("sft.batch_size", f.batch_size, 1)
+    if f.batch_size >= 1 and t.micro_batch_size >= 1 and f.batch_size % t.micro_batch_size:
+        p.append(f"sft.batch_size={f.batch_size} must be a multiple of train.micro_batch_size="
+                 f"{t.micro_batch_size}")
+    check(0 <= f.heldout < 1, "sft.heldout", f.heldout, "in [0, 1)")
+    at_least("sft.eval_every", f.eval_every, 0)
+    at_least("sft.save_every", f.save_every, 0)
 
     sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
     for axis, n in sizes.items():
@@ -709,7 +737,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 __all__ = [
     "AlgoConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
-    "OptimConfig", "RolloutConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
+    "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
     "resolve_config_path", "save_config",
 ]

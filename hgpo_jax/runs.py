@@ -39,12 +39,14 @@ def build_optimizer(cfg, total_steps: int = 1):
                           total_steps=total_steps, b1=o.b1, b2=o.b2)
 
 
-def load_model(path: str, dtype: str = "float32", compute_dtype: str | None = None, mesh=None,
+def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = None, mesh=None,
                progress: bool = False):
-    """(model, tokenizer, base folder) for a model.path (see the module docstring)."""
+    """(model, tokenizer, base folder) for a model.path (see the module docstring). dtype None:
+    a run folder's own model.dtype, else float32."""
     if os.path.isdir(path) and is_run_dir(path):
         return _load_run_model(path, dtype, compute_dtype, mesh, progress)
     folder = resolve_model_path(path)
+    dtype = dtype or "float32"
     model = load_pretrained(folder, dtype=dtype, compute_dtype=compute_dtype, mesh=mesh,
                             progress=progress)
     return model, load_tokenizer(folder), folder
@@ -54,7 +56,8 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
     from hgpo_jax.config import load_config
 
     cfg = load_config(run_dir)
-    model, tokenizer, base = load_model(cfg.model.path, dtype, compute_dtype, mesh, progress)
+    model, tokenizer, base = load_model(cfg.model.path, dtype or cfg.model.dtype,
+                                        compute_dtype or cfg.model.compute_dtype, mesh, progress)
     graphdef, params = nnx.split(model, nnx.Param)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))

@@ -138,4 +138,25 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as e:  # transformers raises many types here; say which folder failed
         raise ValueError(f"cannot load the tokenizer in {folder}: {e}") from e
+    _keep_file_pipeline(hf, os.path.join(folder, "tokenizer.json"))
     return Tokenizer(hf)
+
+
+def _keep_file_pipeline(hf, tokenizer_json: str) -> None:
+    """Make the folder's tokenizer.json authoritative for normalization and pre-tokenization.
+
+    transformers picks the tokenizer class from config.json's model type and the Qwen2 class
+    rebuilds its pre-tokenizer (Qwen's word-splitting regex) and normalizer whatever the file
+    says. For a real Qwen2.5 folder that changes nothing; for the tokenizers trained here (merges
+    across spaces, hgpo_jax.models.local) it would re-split every word and double the prompts.
+    """
+    if not os.path.isfile(tokenizer_json):
+        return
+    from tokenizers import Tokenizer as RawTokenizer
+
+    raw = RawTokenizer.from_file(tokenizer_json)
+    backend = hf.backend_tokenizer
+    if str(backend.pre_tokenizer) != str(raw.pre_tokenizer):
+        backend.pre_tokenizer = raw.pre_tokenizer
+    if str(backend.normalizer) != str(raw.normalizer):
+        backend.normalizer = raw.normalizer

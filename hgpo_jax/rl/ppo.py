@@ -167,19 +167,13 @@ def _tree_all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossConfig,
-                    num_micro: int, mesh: Mesh | None = None, shardings=None, opt_shardings=None):
-    """jit(params, opt_state, mb) -> (params, opt_state, metrics): one optimizer update.
+PPO_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "advantages": 1,
+             "old_logp": 2, "ref_logp": 2}  # the train step's mini-batch: key -> ndim
 
-    mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
-    response_mask, advantages [M], old_logp, ref_logp. The loss includes the entropy bonus
-    (`loss_cfg.entropy_coef`), and `train/entropy` is always logged. Gradients are accumulated
-    over `num_micro` micro-batches with `lax.scan` and averaged. A non-finite loss or gradient
-    skips the update (params and optimizer state are returned unchanged) and reports
-    `train/skipped_nonfinite` = 1.
-    """
-    def micro_loss(params, micro):
-        model = nnx.merge(graphdef, params)
+
+def ppo_micro_loss(loss_cfg: LossConfig):
+    """micro_loss(model, micro) -> (loss, metrics) of the PPO-KL objective with entropy bonus."""
+    def micro_loss(model, micro):
         # the entropy is always computed (for the train/entropy metric); with entropy_coef=0 it
         # is not differentiated
         logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
@@ -189,8 +183,37 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
                            clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
                            kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type, agg=loss_cfg.agg,
                            entropy=entropy, entropy_coef=loss_cfg.entropy_coef)
+    return micro_loss
 
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossConfig,
+                    num_micro: int, mesh: Mesh | None = None, shardings=None, opt_shardings=None):
+    """jit(params, opt_state, mb) -> (params, opt_state, metrics): one PPO optimizer update.
+
+    mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
+    response_mask, advantages [M], old_logp, ref_logp. The loss includes the entropy bonus
+    (`loss_cfg.entropy_coef`), and `train/entropy` is always logged. See `make_update_step`.
+    """
+    return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg), num_micro, PPO_BATCH, mesh,
+                            shardings, opt_shardings)
+
+
+def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num_micro: int,
+                     batch_ndims: dict[str, int], mesh: Mesh | None = None, shardings=None,
+                     opt_shardings=None):
+    """jit(params, opt_state, mb) -> (params, opt_state, metrics): one optimizer update of any
+    loss `micro_loss(model, micro) -> (loss, metrics)` (the PPO-KL loss, the supervised NLL).
+
+    mb: dict of [M, ...] arrays, keys and ndims as `batch_ndims`; M = num_micro * micro rows.
+    Gradients are accumulated over `num_micro` micro-batches with `lax.scan` and averaged. A
+    non-finite loss or gradient skips the update (params and optimizer state are returned
+    unchanged) and reports `train/skipped_nonfinite` = 1. Metrics: `train/<metric>` (averaged
+    over micro-batches), `train/loss`, `train/grad_norm`.
+    """
+    def loss_of_params(params, micro):
+        return micro_loss(nnx.merge(graphdef, params), micro)
+
+    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
 
     def step(params, opt_state, mb):
         # micro-batch j = rows j, j + num_micro, j + 2 num_micro, ...: every micro-batch is
@@ -209,7 +232,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
                     jax.tree.map(jnp.add, acc_metrics, metrics)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        _, metric_shape = jax.eval_shape(micro_loss, params, jax.tree.map(lambda x: x[0], micros))
+        _, metric_shape = jax.eval_shape(loss_of_params, params, jax.tree.map(lambda x: x[0], micros))
         zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shape)
         (grads, loss, metrics), _ = jax.lax.scan(body, (zeros, 0.0, zero_metrics), micros)
         grads = jax.tree.map(lambda g: g / num_micro, grads)
@@ -231,8 +254,6 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
 
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))
-    mb_sharding = {k: batch_sharding(mesh, 1 if k == "advantages" else 2)
-                   for k in ("input_ids", "attention_mask", "response_mask", "advantages",
-                             "old_logp", "ref_logp")}
+    mb_sharding = {k: batch_sharding(mesh, ndim) for k, ndim in batch_ndims.items()}
     return jax.jit(step, in_shardings=(shardings, opt_shardings, mb_sharding),
                    out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))

@@ -191,7 +191,8 @@ class Trainer(Run):
         t_adv = time.perf_counter()
 
         packed = pack_rows(batch.prompt_ids, batch.response_ids, adv, batch.sample_logp,
-                           pad_id=self.tokenizer.pad_token_id, row_multiple=t.micro_batch_size)
+                           pad_id=self.tokenizer.pad_token_id, row_multiple=t.micro_batch_size,
+                           length_multiple=t.pad_multiple)
         arrays = packed.arrays()
         arrays["old_logp"] = self._logprobs(self.params, arrays)
         arrays["ref_logp"] = self._logprobs(self.ref_params, arrays)

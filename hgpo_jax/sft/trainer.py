@@ -1,0 +1,176 @@
+"""The supervised warm start: next-token loss on the responses of rollout-identical samples.
+
+    with SftTrainer(load_config("toy_format")) as trainer:   # or: hgpo-jax sft toy_format
+        trainer.train()
+
+Same machinery as the RL trainer (`hgpo_jax.runs.Run`): the run folder, the mesh and shardings,
+the jitted accumulating update (`hgpo_jax.rl.ppo.make_update_step`), Orbax checkpoints with exact
+resume, metrics to JSONL/TensorBoard, progress bars. Only the loss (the mean negative
+log-likelihood of the response tokens) and the data (hgpo_jax.sft.data) differ. An RL run starts
+from the result with `model.path=RUN_DIR` (or its export, `hgpo-jax export RUN_DIR OUT`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.ppo import make_logprob_fn, make_update_step, token_logprobs
+from hgpo_jax.runs import Run
+from hgpo_jax.sft import data as sft_data
+
+SFT_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2}  # key -> ndim
+
+
+def nll_micro_loss(model, micro):
+    """Mean negative log-likelihood of the response tokens (token-mean over the micro-batch)."""
+    logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"])
+    nll = -masked_mean(logp, micro["response_mask"])
+    return nll, {"nll": jax.lax.stop_gradient(nll)}
+
+
+def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
+    """(train samples, held-out samples, info) for `cfg.sft`: recorded episodes of the config's
+    env (held out by episode) or a JSONL file of turns (held out by turn)."""
+    from hgpo_jax.rl.trainer import env_intro, list_tasks
+
+    s, e = cfg.sft, cfg.env
+    rng = np.random.default_rng(cfg.train.seed)
+    if s.data in ("expert", "random"):
+        if e.name == "toy":
+            tasks = list_tasks(e, e.split)[:s.episodes]
+            episodes = sft_data.toy_episodes(tasks, s.data, seed=cfg.train.seed, max_steps=e.max_steps)
+        elif s.data == "expert":
+            episodes = sft_data.cached_alfworld_episodes(e.split, s.episodes, e.data_dir, progress=True)
+        else:
+            raise ValueError("sft.data=random (random admissible actions) is implemented for the toy "
+                             "env only; use sft.data=expert for ALFWorld")
+        order = rng.permutation(len(episodes))
+        n_held = int(round(s.heldout * len(episodes)))
+        held = [episodes[i] for i in order[:n_held]]
+        train = [episodes[i] for i in order[n_held:]]
+        texts = [sft_data.samples_from_episodes(part, e.memory_len, env_intro(e)) for part in (train, held)]
+        info = {"episodes": len(train), "heldout_episodes": len(held),
+                "won": float(np.mean([ep.won for ep in episodes])) if episodes else 0.0}
+    else:
+        if not os.path.isfile(s.data):
+            raise FileNotFoundError(f"sft.data={s.data!r} is neither 'expert', 'random' nor an "
+                                    "existing JSONL file of {\"prompt\", \"response\"} lines")
+        turns = sft_data.read_jsonl_turns(s.data)
+        order = rng.permutation(len(turns))
+        n_held = int(round(s.heldout * len(turns)))
+        texts = [[turns[i] for i in order[n_held:]], [turns[i] for i in order[:n_held]]]
+        info = {"jsonl": s.data}
+    r = cfg.rollout
+    train, held = (sft_data.tokenize_samples(t, tokenizer, r.max_prompt_tokens, r.max_new_tokens)
+                   for t in texts)
+    if not train:
+        raise ValueError("the supervised data is empty; record more episodes (sft.episodes) or "
+                         "hold out fewer (sft.heldout)")
+    info.update({"train_turns": len(train), "heldout_turns": len(held)})
+    return train, held, info
+
+
+class SftTrainer(Run):
+    """Supervised warm start of the config's model on `cfg.sft`'s data."""
+
+    def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
+        super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
+        s, t = cfg.sft, cfg.train
+        self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer)
+        self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
+                                        s.batch_size // t.micro_batch_size, SFT_BATCH, self.mesh,
+                                        self.shardings, self.opt_shardings)
+        self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
+        self.np_rng = np.random.default_rng(t.seed + 1)
+        self.order = self.np_rng.permutation(len(self.train_samples))
+        self.cursor = 0
+        self.step = 0
+        self._stop = False
+        if resume:
+            self.restore()
+
+    # ------------------------------------------------------------------ state
+    def meta(self) -> dict:
+        return {**super().meta(), "step": self.step, "cursor": self.cursor,
+                "order": self.order.tolist(), "np_rng": self.np_rng.bit_generator.state}
+
+    def load_meta(self, meta: dict) -> None:
+        self.step, self.cursor = int(meta["step"]), int(meta["cursor"])
+        self.order = np.asarray(meta["order"], np.int64)
+        self.np_rng.bit_generator.state = meta["np_rng"]
+
+    # ------------------------------------------------------------------ data
+    def next_indices(self, n: int) -> list[int]:
+        """The next n training turns of the shuffled order (reshuffled after each pass)."""
+        out = []
+        while len(out) < n:
+            if self.cursor >= len(self.order):
+                self.order, self.cursor = self.np_rng.permutation(len(self.train_samples)), 0
+            out.append(int(self.order[self.cursor]))
+            self.cursor += 1
+        return out
+
+    def _pack(self, samples, row_multiple: int) -> dict:
+        packed = pack_rows([x.prompt_ids for x in samples], [x.response_ids for x in samples],
+                           np.zeros(len(samples), np.float32), pad_id=self.tokenizer.pad_token_id,
+                           row_multiple=row_multiple, length_multiple=self.cfg.train.pad_multiple)
+        return {k: packed.arrays()[k] for k in SFT_BATCH}
+
+    def heldout_nll(self) -> float:
+        """Mean NLL per response token of the held-out turns (NaN when there are none)."""
+        if not self.heldout_samples:
+            return float("nan")
+        mb = self.cfg.train.micro_batch_size
+        total, count = 0.0, 0.0
+        for i in range(0, len(self.heldout_samples), mb):
+            batch = self._pack(self.heldout_samples[i:i + mb], mb)
+            logp = np.asarray(self.logprob_fn(self.params, batch["input_ids"], batch["attention_mask"]))
+            total += float(-(logp * batch["response_mask"]).sum())
+            count += float(batch["response_mask"].sum())
+        return total / max(count, 1.0)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> list[dict]:
+        """Run the remaining steps; returns the per-step metrics."""
+        s = self.cfg.sft
+        history = []
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        bar = tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}", unit="step",
+                   disable=not self.progress)
+        try:
+            while self.step < s.steps and not self._stop:
+                t0 = time.perf_counter()
+                batch = self._pack([self.train_samples[i] for i in self.next_indices(s.batch_size)],
+                                   self.cfg.train.micro_batch_size)
+                self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, batch)
+                metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+                self.step += 1
+                tokens = float(batch["attention_mask"].sum())
+                metrics.update({"time/step": time.perf_counter() - t0,
+                                "perf/tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
+                                "sft/epoch": self.step * s.batch_size / len(self.train_samples)})
+                if (s.eval_every and self.step % s.eval_every == 0) or self.step == s.steps:
+                    metrics["heldout/nll"] = self.heldout_nll()
+                self.logger.log(self.step, metrics)
+                history.append(metrics)
+                bar.update(1)
+                bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
+                                 ("train/nll", "heldout/nll") if k in metrics})
+                if (s.save_every and self.step % s.save_every == 0) or self._stop or self.step == s.steps:
+                    self.save(self.step)
+        finally:
+            bar.close()
+            signal.signal(signal.SIGTERM, previous)
+        return history
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """Finish the current step, save a checkpoint, then stop."""
+        self._stop = True
