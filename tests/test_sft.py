@@ -1,0 +1,235 @@
+"""Supervised warm start: samples identical to the rollout's, loss on response tokens only,
+resume, export, RL from an SFT run, models built here."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from hgpo_jax.cli import main as cli_main
+from hgpo_jax.config import ConfigError, load_config
+from hgpo_jax.envs.alfworld import list_games, walkthrough
+from hgpo_jax.envs.pool import EnvPool
+from hgpo_jax.envs.prompts import ALFWORLD_INTRO
+from hgpo_jax.envs.toy import TOY_INTRO, ToyMemoryEnv
+from hgpo_jax.models import load_pretrained, load_tokenizer
+from hgpo_jax.models.local import resolve_model_path, train_tokenizer
+from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.ppo import token_logprobs
+from hgpo_jax.rl.rollout import Policy, collect_rollouts
+from hgpo_jax.runs import load_model
+from hgpo_jax.sft import data
+from hgpo_jax.sft.trainer import SftTrainer, nll_micro_loss
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(resolve_model_path("tiny"))
+
+
+@dataclasses.dataclass
+class Out:
+    tokens: list
+    logprobs: list
+
+
+@dataclasses.dataclass
+class ExpertPolicy(Policy):
+    """Replies with the SFT response of the next expert action of each env's plan."""
+
+    plans: list = dataclasses.field(default_factory=list)
+    t: int = 0
+
+    def generate(self, prompts, rng):
+        # every env of these tests runs the same number of steps, so all are active at each step
+        tokens = [self.tokenizer.encode(data.response_text(plan[self.t])) for plan in self.plans]
+        self.t += 1
+        return Out(tokens, [[0.0] * len(x) for x in tokens])
+
+
+def rollout_prompts(tok, pool, tasks, plans, max_steps, memory_len, intro, max_prompt_tokens=2048):
+    policy = ExpertPolicy(model=None, tokenizer=tok, max_prompt_tokens=max_prompt_tokens, plans=plans)
+    batch = collect_rollouts(policy, pool, tasks, 1, max_steps, memory_len, intro=intro)
+    return {(int(i), int(t)): list(p) for i, t, p in zip(batch.traj_id, batch.step_id, batch.prompt_ids)}
+
+
+def check_samples_equal_rollout(tok, episodes, rollout, memory_len, intro, max_prompt_tokens=2048):
+    for i, ep in enumerate(episodes):
+        texts = data.samples_from_episodes([ep], memory_len, intro)
+        samples = data.tokenize_samples(texts, tok, max_prompt_tokens)
+        assert len(samples) == len(ep.steps)
+        for t, (sample, step) in enumerate(zip(samples, ep.steps)):
+            assert list(sample.prompt_ids) == rollout[(i, t)], (i, t)
+            assert list(sample.response_ids) == tok.encode(data.response_text(step.action)) + [
+                tok.end_of_turn_id]
+
+
+# ------------------------------------------------------------------------------ samples
+@pytest.mark.parametrize("memory_len", [0, 2, 4])
+def test_toy_samples_are_exactly_the_rollout_prompts(tok, memory_len):
+    tasks = [0, 3, 6]  # corridors of 1 (1 + task % 3): every expert episode has 3 steps
+    episodes = data.toy_episodes(tasks, "expert")
+    plans = [[s.action for s in ep.steps] for ep in episodes]
+    assert {len(p) for p in plans} == {3} and all(ep.won for ep in episodes)
+    with EnvPool(ToyMemoryEnv, num_envs=3, num_workers=1) as pool:
+        rollout = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY_INTRO)
+    check_samples_equal_rollout(tok, episodes, rollout, memory_len, TOY_INTRO)
+    # left truncation is the rollout's too
+    with EnvPool(ToyMemoryEnv, num_envs=3, num_workers=1) as pool:
+        short = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY_INTRO, max_prompt_tokens=40)
+    check_samples_equal_rollout(tok, episodes, short, memory_len, TOY_INTRO, max_prompt_tokens=40)
+
+
+def test_alfworld_expert_samples_are_exactly_the_rollout_prompts(tok):
+    import functools
+
+    from hgpo_jax.envs.alfworld import AlfworldEnv
+
+    game = next(g for g in list_games("valid_seen") if len(walkthrough(g)) <= 6)
+    episodes = data.alfworld_episodes([game])
+    assert len(episodes) == 1 and episodes[0].won
+    ep = episodes[0]
+    assert ep.steps[0].observation.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert ep.task and ep.task in ep.steps[0].observation
+    assert [s.action for s in ep.steps] == walkthrough(game)
+    with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=1, num_workers=1) as pool:
+        rollout = rollout_prompts(tok, pool, [game], [walkthrough(game)], len(ep.steps), 2, ALFWORLD_INTRO)
+    check_samples_equal_rollout(tok, episodes, rollout, 2, ALFWORLD_INTRO)
+
+
+def test_random_episodes_keep_the_format_and_use_admissible_actions():
+    episodes = data.toy_episodes(range(20), "random", seed=3, max_steps=6)
+    assert any(not ep.won for ep in episodes) and any(ep.won for ep in episodes)
+    for ep in episodes:
+        for step in ep.steps:
+            assert step.action in step.admissible
+    with pytest.raises(ValueError, match="kind"):
+        data.toy_episodes([0], "greedy")
+
+
+def test_episodes_save_and_load(tmp_path):
+    episodes = data.toy_episodes(range(3), "random", seed=1, max_steps=4)
+    path = data.save_episodes(episodes, str(tmp_path / "eps.jsonl"))
+    assert data.load_episodes(path) == episodes
+
+
+def test_jsonl_turns(tmp_path, tok):
+    path = tmp_path / "turns.jsonl"
+    path.write_text(json.dumps({"prompt": "hi", "response": "<think>x</think><action>look</action>"})
+                    + "\n\n" + json.dumps({"prompt": "a", "response": "b"}) + "\n")
+    turns = data.read_jsonl_turns(str(path))
+    assert turns == [("hi", "<think>x</think><action>look</action>"), ("a", "b")]
+    s = data.tokenize_samples(turns, tok, 64)[1]
+    assert list(s.prompt_ids) == tok.chat_prompt([{"role": "user", "content": "a"}])
+    assert list(s.response_ids) == tok.encode("b") + [tok.end_of_turn_id]
+    for bad, msg in (("[1, 2]", "object"), ('{"prompt": "x"}', "response"), ("{oops", "JSON")):
+        path.write_text(bad + "\n")
+        with pytest.raises(ValueError, match=msg):
+            data.read_jsonl_turns(str(path))
+
+
+# ------------------------------------------------------------------------------ the loss
+def test_loss_covers_the_response_tokens_only(tok):
+    model = load_pretrained(resolve_model_path("tiny"))
+    samples = data.tokenize_samples([("go", "<think>a</think><action>look</action>"),
+                                     ("a longer prompt here", "<action>x</action>")], tok, 64)
+    packed = pack_rows([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                       np.zeros(2, np.float32), pad_id=tok.pad_token_id)
+    micro = {k: packed.arrays()[k] for k in ("input_ids", "attention_mask", "response_mask")}
+    loss, metrics = nll_micro_loss(model, micro)
+    # by hand from the full logits: -mean over response positions of log p(token | prefix)
+    logits = np.asarray(model(micro["input_ids"], attention_mask=micro["attention_mask"]), np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    picked, count = 0.0, 0
+    for row, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        assert micro["response_mask"][row].sum() == R and micro["response_mask"][row, P:P + R].all()
+        for pos in range(P, P + R):
+            picked += logp[row, pos - 1, micro["input_ids"][row, pos]]
+            count += 1
+    np.testing.assert_allclose(float(loss), -picked / count, rtol=1e-5)
+    assert float(metrics["nll"]) == pytest.approx(float(loss))
+    # changing the prompt tokens' targets does not change the loss's mask
+    logp_all = token_logprobs(model, micro["input_ids"], micro["attention_mask"])
+    assert np.all(np.asarray(logp_all)[:, 0] == 0.0)
+
+
+# ------------------------------------------------------------------------------ runs
+def sft_config(run_dir, *extra):
+    return load_config("toy_format", [f"train.run_dir={run_dir}", "model.path=tiny", "sft.episodes=40",
+                                      "sft.steps=4", "sft.batch_size=8", "train.micro_batch_size=4",
+                                      "sft.eval_every=2", "train.keep_checkpoints=3", *extra])
+
+
+def test_sft_learns_resumes_exactly_and_exports(tmp_path):
+    full = tmp_path / "full"
+    with SftTrainer(sft_config(full, "sft.save_every=2"), progress=False) as tr:
+        assert tr.data_info["episodes"] == 36 and tr.data_info["heldout_episodes"] == 4
+        before = tr.heldout_nll()
+        history = tr.train()
+        final = jax.tree.map(np.asarray, tr.params)
+    assert [m.get("heldout/nll") is not None for m in history] == [False, True, False, True]
+    assert history[-1]["heldout/nll"] < before and history[-1]["train/nll"] < history[0]["train/nll"]
+    # stopped after 2 steps, then resumed: the same parameters as the uninterrupted run
+    part = tmp_path / "part"
+    with SftTrainer(sft_config(part, "sft.steps=2"), progress=False) as tr:
+        tr.train()
+    with SftTrainer(sft_config(part), resume=True, progress=False) as tr:
+        assert tr.step == 2
+        tr.train()
+        resumed = jax.tree.map(np.asarray, tr.params)
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(resumed)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # export: a Hugging Face folder with the run's weights and tokenizer
+    out = tmp_path / "hf"
+    assert cli_main(["export", str(full), str(out)]) == 0
+    exported = nnx.split(load_pretrained(out), nnx.Param)[1]
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(exported)):
+        np.testing.assert_allclose(a, np.asarray(b), atol=1e-6)
+    assert os.path.isfile(out / "tokenizer.json")
+    # model.path=RUN_DIR: an RL run (and load_model) start from the run's latest weights
+    model, tokenizer, base = load_model(str(full))
+    assert base == resolve_model_path("tiny") and tokenizer.vocab_size > 0
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(nnx.split(model, nnx.Param)[1])):
+        np.testing.assert_allclose(a, np.asarray(b), atol=1e-6)
+
+
+def test_sft_cli_and_errors(tmp_path, capsys):
+    run = tmp_path / "cli"
+    assert cli_main(["sft", "toy_format", "--no-progress", f"train.run_dir={run}", "model.path=tiny",
+                     "sft.episodes=20", "sft.steps=2", "sft.batch_size=8", "train.micro_batch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out NLL per response token" in out and f"model.path={run}" in out
+    with pytest.raises(ConfigError, match="sft.batch_size=6 must be a multiple"):
+        load_config("toy_format", ["sft.batch_size=6", "train.micro_batch_size=4"])
+    with pytest.raises(ConfigError, match="sft.heldout"):
+        load_config("toy_format", ["sft.heldout=1"])
+    assert cli_main(["sft", "toy_format", f"train.run_dir={tmp_path / 'x'}", "model.path=tiny",
+                     "sft.data=/no/such.jsonl"]) == 2
+    assert "neither 'expert', 'random' nor an existing JSONL" in capsys.readouterr().err
+    assert cli_main(["train", "toy_hgpo", f"train.run_dir={tmp_path / 'y'}",
+                     f"model.path={tmp_path / 'x'}"]) == 2  # a run folder without checkpoints
+
+
+def test_env_tokenizer_keeps_prompts_short_and_uses_qwen_chat_template():
+    episodes = data.toy_episodes(range(50), "expert") + data.toy_episodes(range(50), "random", max_steps=6)
+    texts = data.samples_from_episodes(episodes, 2, TOY_INTRO)
+    from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
+
+    tok = train_tokenizer(data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE), 1024)
+    rendered = tok.hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert rendered == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+                        "helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                        "<|im_start|>assistant\n")
+    samples = data.tokenize_samples(texts, tok, 4096)
+    chars = np.mean([len(p) for p, _ in texts])
+    tokens = np.mean([len(s.prompt_ids) for s in samples])
+    assert tokens < chars / 10  # the template's fixed text becomes a handful of tokens
+    for (p, r), s in zip(texts[:20], samples[:20]):
+        assert tok.decode(s.response_ids, skip_special_tokens=True) == r  # round trip
