@@ -14,8 +14,13 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 setup: $(STAMP)
 
+# The learning demo: a format-only warm start of a model built here, then HGPO on the toy env
+# with held-out success after every iteration (README: "make run").
 run: $(STAMP)
-	$(VENV)/bin/hgpo-jax train tiny_cpu train.run_dir=runs/tiny_cpu-$$(date +%Y%m%d-%H%M%S)
+	@stamp=$$(date +%Y%m%d-%H%M%S); \
+	$(VENV)/bin/hgpo-jax sft toy_format --no-progress train.run_dir=runs/toy_format-$$stamp && \
+	$(VENV)/bin/hgpo-jax train toy_hgpo --no-progress model.path=runs/toy_format-$$stamp \
+	    train.run_dir=runs/toy_hgpo-$$stamp
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

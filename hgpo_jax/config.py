@@ -39,7 +39,7 @@ import yaml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
-ENV_NAMES = ("alfworld", "toy")
+ENV_NAMES = ("alfworld", "toy", "toy-history")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("constant", "cosine")
 BASE_KEY = "base"
@@ -64,7 +64,7 @@ class ModelConfig:
 class EnvConfig:
     """The environment and its worker pool."""
 
-    name: str = "alfworld"  # alfworld | toy
+    name: str = "alfworld"  # alfworld | toy | toy-history (docs/envs.md)
     split: str = "train"  # training split: train | valid_seen | valid_unseen | valid_train
     data_dir: str | None = None  # ALFWorld data folder; None = $ALFWORLD_DATA or the project's copy
     max_steps: int = 50  # T: env steps per episode
@@ -140,6 +140,7 @@ class TrainConfig:
     keep_checkpoints: int = 3  # most recent checkpoints kept
     remat: bool = True              # recompute each layer in the backward pass (saves activation memory)
     pad_multiple: int = 64  # rows are right-padded to a multiple of this many tokens (compiled shapes)
+    diagnostics: bool = True  # log diag/<estimator>/{bias,abs_dev,rmse} against the oracle per iteration
 
 
 @dataclass

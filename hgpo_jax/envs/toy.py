@@ -9,6 +9,12 @@ The "button-corridor-door" game (task = any int):
 The junction observation is the same whatever button was pressed, so steps that share the
 junction anchor can need different actions: exactly the "context inconsistency" that HGPO's
 history-aware groups (level k >= 1) resolve and that GiGPO's anchor-only groups blur.
+
+`reveal=True` (the "toy-history" env) makes that history visible in the observations, as HGPO's
+hierarchy needs (it groups by past *observations*): the first corridor observation after the
+press names its colour ("A red light blinks."), and the junction lists the doors in a
+task-dependent order different from the buttons', so no fixed position-to-position habit wins:
+the agent has to carry the colour from its memory to the door.
 Same protocol and info keys as ALFWorld (`hgpo_jax.envs.base`). Unknown actions answer
 "Nothing happens." and change nothing.
 """
@@ -21,6 +27,13 @@ TASK = "open the door of the colour of the button you pressed."
 TOY_INTRO = "You are an agent in a small text world."  # the prompt's first sentence for this env
 
 
+def env_kwargs(name: str) -> dict:
+    """ToyMemoryEnv's keyword arguments for an env name: 'toy', or 'toy-history' (reveal=True)."""
+    if name not in ("toy", "toy-history"):
+        raise ValueError(f"{name!r} is not a toy env; use 'toy' or 'toy-history'")
+    return {"reveal": name == "toy-history"}
+
+
 def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + f" and {items[-1]}" if len(items) > 1 else items[0]
 
@@ -30,11 +43,12 @@ class ToyMemoryEnv:
 
     task_type = "memory"
 
-    def __init__(self, max_steps: int = 50, num_colors: int = 3):
+    def __init__(self, max_steps: int = 50, num_colors: int = 3, reveal: bool = False):
         if not 2 <= num_colors <= len(PALETTE):
             raise ValueError(f"num_colors must be in [2, {len(PALETTE)}], got {num_colors}")
         self.max_steps = max_steps
         self.num_colors = num_colors
+        self.reveal = reveal
         self._task = None
 
     # ------------------------------------------------------------------ protocol
@@ -42,6 +56,10 @@ class ToyMemoryEnv:
         task = int(task)
         offset = task % len(PALETTE)
         self.colors = [PALETTE[(offset + i) % len(PALETTE)] for i in range(self.num_colors)]
+        self.doors = list(self.colors)
+        if self.reveal:  # a task-dependent rotation other than the identity
+            shift = 1 + (task // len(PALETTE)) % (self.num_colors - 1)
+            self.doors = self.colors[shift:] + self.colors[:shift]
         self.corridor = 1 + task % 3
         self._task, self.pressed, self.progress, self.steps = task, None, 0, 0
         self.phase, self.won = "room", False
@@ -86,16 +104,17 @@ class ToyMemoryEnv:
         if self.phase == "corridor":
             return ["go forward", "look"]
         if self.phase == "junction":
-            return [f"open {c} door" for c in self.colors]
+            return [f"open {c} door" for c in self.doors]
         return []
 
     def _scene(self) -> str:
         if self.phase == "room":
             return f"You are in a room with a {_join([c + ' button' for c in self.colors])}."
         if self.phase == "corridor":
-            return f"You are in a corridor, {self.corridor - self.progress} step(s) from its end."
+            light = f"A {self.pressed} light blinks. " if self.reveal and self.progress == 0 else ""
+            return f"{light}You are in a corridor, {self.corridor - self.progress} step(s) from its end."
         if self.phase == "junction":
-            return f"You are at a junction with a {_join([c + ' door' for c in self.colors])}."
+            return f"You are at a junction with a {_join([c + ' door' for c in self.doors])}."
         return "The episode is over."
 
     def _observe(self, message: str | None) -> tuple[str, dict]:

@@ -27,6 +27,7 @@ from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE, Tokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BUILD_PREFIX = "build:"
+BUILD_VERSION = 1  # bump when the corpus, tokenizer or sizes change: older cached builds are not reused
 ENVS = ("toy", "alfworld")
 # Preset sizes of the models built here (parameters without the embeddings in brackets).
 SIZES = {
@@ -90,14 +91,16 @@ def build_model(out_dir: str | os.PathLike, tokenizer: Tokenizer, size: str = "s
 
 
 def env_corpus(env: str) -> list[str]:
-    """The env's own text: its episodes' turns rendered with the chat template."""
+    """The env's own text: its episodes' turns rendered with the chat template (toy: both the
+    'toy' and the 'toy-history' variant)."""
     from hgpo_jax.sft import data
 
     if env == "toy":
         from hgpo_jax.envs.toy import TOY_INTRO
 
-        episodes = (data.toy_episodes(range(300), "expert")
-                    + data.toy_episodes(range(300), "random", seed=1, max_steps=12))
+        episodes = [ep for reveal in (False, True) for ep in
+                    data.toy_episodes(range(300), "expert", reveal=reveal)
+                    + data.toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
         texts = data.samples_from_episodes(episodes, memory_len=4, intro=TOY_INTRO)
     elif env == "alfworld":
         from hgpo_jax.envs.prompts import ALFWORLD_INTRO
@@ -156,7 +159,7 @@ def resolve_model_path(path: str) -> str:
         return folder
     if path.startswith(BUILD_PREFIX):
         env, size = parse_build_spec(path)
-        folder = os.path.join(cache_root(), "models", f"{env}-{size}")
+        folder = os.path.join(cache_root(), "models", f"{env}-{size}-v{BUILD_VERSION}")
         if not os.path.isfile(os.path.join(folder, "config.json")):
             print(f"building {path} (tokenizer trained on the {env} env's text, random "
                   f"{size} Qwen2) in {folder} ...", flush=True)

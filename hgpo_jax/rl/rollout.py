@@ -103,6 +103,7 @@ class RolloutBatch:
             if len(self.episode_length) else 0.0,
             "rollout/mean_step_reward": float(self.reward.mean()) if len(self) else 0.0,
             "rollout/steps": float(len(self)),
+            "rollout/episodes": float(len(self.episode_traj)),
             "rollout/failed_episodes": float(self.num_failed),
             "rollout/response_tokens": float(sum(map(len, self.response_ids))),
         })

@@ -50,10 +50,10 @@ def make_env_fn(env_cfg):
     if env_cfg.name == "alfworld":
         from hgpo_jax.envs.alfworld import AlfworldEnv
         return functools.partial(AlfworldEnv, max_steps=env_cfg.max_steps)
-    if env_cfg.name == "toy":
-        from hgpo_jax.envs.toy import ToyMemoryEnv
-        return functools.partial(ToyMemoryEnv, max_steps=env_cfg.max_steps)
-    raise ValueError(f"unknown env {env_cfg.name!r}; use 'alfworld' or 'toy'")
+    if env_cfg.name in ("toy", "toy-history"):
+        from hgpo_jax.envs.toy import ToyMemoryEnv, env_kwargs
+        return functools.partial(ToyMemoryEnv, max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
+    raise ValueError(f"unknown env {env_cfg.name!r}; use 'alfworld', 'toy' or 'toy-history'")
 
 
 def list_tasks(env_cfg, split: str) -> list:
@@ -68,6 +68,48 @@ def list_tasks(env_cfg, split: str) -> list:
 def env_intro(env_cfg) -> str:
     from hgpo_jax.envs.prompts import SYSTEM_INTRO
     return SYSTEM_INTRO if env_cfg.name == "alfworld" else TOY_INTRO
+
+
+def advantage_options(algo) -> dict:
+    """The `compute_step_advantages` options of a config's algo section (all but the estimator)."""
+    return dict(invalid_penalty=algo.invalid_penalty, gamma=algo.gamma, K=algo.K, alpha=algo.alpha,
+                mode=algo.mode, omega=algo.omega, eps=algo.eps,
+                penalty_placement=algo.penalty_placement, stats=algo.stats,
+                level_weights=algo.level_weights, base_group=algo.base_group)
+
+
+def diagnostic_metrics(columns, valid, algo) -> dict[str, float]:
+    """diag/<estimator>/{bias, abs_dev, rmse} of grpo, gigpo and hgpo against the oracle
+    (hgpo_jax.rl.diagnostics) under the run's options, and diag/coverage. An estimator the options
+    cannot serve (stats=paper with a penalty on single rows) is left out."""
+    from hgpo_jax.rl.diagnostics import oracle_deviation
+
+    out = {}
+    for estimator in ("grpo", "gigpo", "hgpo"):
+        try:
+            stats = oracle_deviation(*columns, valid=valid, estimators=(estimator,),
+                                     **advantage_options(algo))[estimator]
+        except ValueError:
+            continue
+        out.update({f"diag/{estimator}/{k}": v for k, v in stats.items() if k != "coverage"})
+        out["diag/coverage"] = stats["coverage"]
+    return out
+
+
+def progress_line(iteration: int, total: int, metrics: dict[str, float]) -> str:
+    """One line per iteration: success (training rollouts and held-out splits), invalid replies,
+    losses, time."""
+    parts = [f"it {iteration:>4}/{total}"]
+    for key, label in (("success/all", "success"), ("rollout/invalid_action_rate", "invalid"),
+                       ("train/loss", "loss"), ("train/kl_loss", "kl")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.3f}")
+    for key in sorted(metrics):
+        if key.startswith("eval/") and key.endswith("/all") and key.count("/") == 2:
+            parts.append(f"{key[5:-4]} {metrics[key]:.3f}")
+    if "time/iteration" in metrics:
+        parts.append(f"{metrics['time/iteration']:.1f}s")
+    return "  ".join(parts)
 
 
 class TaskSampler:
@@ -177,12 +219,10 @@ class Trainer(Run):
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
 
-        adv = compute_step_advantages(a.estimator, batch.task_id, batch.traj_id, batch.step_id,
-                                      batch.anchor, batch.reward, valid=batch.valid,
-                                      invalid_penalty=a.invalid_penalty, gamma=a.gamma, K=a.K,
-                                      alpha=a.alpha, mode=a.mode, omega=a.omega, eps=a.eps,
-                                      penalty_placement=a.penalty_placement, stats=a.stats,
-                                      level_weights=a.level_weights, base_group=a.base_group)
+        columns = (batch.task_id, batch.traj_id, batch.step_id, batch.anchor, batch.reward)
+        adv = compute_step_advantages(a.estimator, *columns, valid=batch.valid, **advantage_options(a))
+        if t.diagnostics:
+            metrics.update(diagnostic_metrics(columns, batch.valid, a))
         for k, frac in enumerate(hierarchy_stats(batch.task_id, batch.traj_id, batch.step_id,
                                                  batch.anchor, K=a.K)):
             metrics[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
@@ -250,6 +290,8 @@ class Trainer(Run):
                         ev = self.evaluate(split)
                         self.logger.log(self.iteration, ev)
                         metrics.update(ev)
+                line = progress_line(self.iteration, t.iterations, metrics)
+                tqdm.write(line) if self.progress else print(line, flush=True)
                 if (t.save_every and self.iteration % t.save_every == 0) or self._stop \
                         or self.iteration == t.iterations:
                     self.save(self.iteration)

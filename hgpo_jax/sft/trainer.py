@@ -44,9 +44,12 @@ def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
     s, e = cfg.sft, cfg.env
     rng = np.random.default_rng(cfg.train.seed)
     if s.data in ("expert", "random"):
-        if e.name == "toy":
+        if e.name in ("toy", "toy-history"):
+            from hgpo_jax.envs.toy import env_kwargs
+
             tasks = list_tasks(e, e.split)[:s.episodes]
-            episodes = sft_data.toy_episodes(tasks, s.data, seed=cfg.train.seed, max_steps=e.max_steps)
+            episodes = sft_data.toy_episodes(tasks, s.data, seed=cfg.train.seed, max_steps=e.max_steps,
+                                             **env_kwargs(e.name))
         elif s.data == "expert":
             episodes = sft_data.cached_alfworld_episodes(e.split, s.episodes, e.data_dir, progress=True)
         else:
