@@ -11,6 +11,7 @@ latest checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -24,6 +25,7 @@ from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings
 
 RUN_CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
+MODEL_SOURCE = "model_source.json"  # the folder model.path resolved to when the run started
 
 
 def is_run_dir(path: str) -> bool:
@@ -56,7 +58,16 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
     from hgpo_jax.config import load_config
 
     cfg = load_config(run_dir)
-    model, tokenizer, base = load_model(cfg.model.path, dtype or cfg.model.dtype,
+    # the architecture and tokenizer the run trained: the folder its model.path resolved to then
+    # (a build recipe may have changed since: "build:..." would resolve to another folder now)
+    source = cfg.model.path
+    recorded = os.path.join(run_dir, MODEL_SOURCE)
+    if os.path.isfile(recorded):
+        with open(recorded, encoding="utf-8") as f:
+            folder = json.load(f)["folder"]
+        if os.path.isdir(folder):
+            source = folder
+    model, tokenizer, base = load_model(source, dtype or cfg.model.dtype,
                                         compute_dtype or cfg.model.compute_dtype, mesh, progress)
     graphdef, params = nnx.split(model, nnx.Param)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
@@ -111,6 +122,8 @@ class Run:
                              f"the data-parallel size {self.dp} (mesh data x fsdp)")
         model, self.tokenizer, self.model_dir = load_model(
             cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, progress)
+        with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
+            json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
         self.graphdef, self.params = nnx.split(model, nnx.Param)
         self.shardings = param_shardings(self.mesh, self.params)

@@ -312,3 +312,34 @@ def test_toy_is_deterministic_and_ignores_garbage():
     assert [env.step("look")[2] for _ in range(2)] == [False, True]
     with pytest.raises(ValueError):
         ToyMemoryEnv(num_colors=1)
+
+
+def test_toy_history_reveals_the_press_and_shuffles_the_doors():
+    from hgpo_jax.envs.toy import env_kwargs
+
+    assert env_kwargs("toy") == {"reveal": False} and env_kwargs("toy-history") == {"reveal": True}
+    with pytest.raises(ValueError, match="not a toy env"):
+        env_kwargs("alfworld")
+    for task in range(36):
+        env = ToyMemoryEnv(**env_kwargs("toy-history"))
+        env.reset(task)
+        assert sorted(env.doors) == sorted(env.colors) and env.doors != env.colors  # never the identity
+        rewards = [env.step(a)[1] for a in env.solution()]
+        assert rewards[-1] == WIN_REWARD
+    # the first corridor anchor names the pressed colour; the junction anchor does not
+    seen = {}
+    for color in ("red", "blue", "green"):
+        env = ToyMemoryEnv(reveal=True)
+        env.reset(0)
+        *_, info = env.step(f"press {color} button")
+        first_corridor = info["anchor"]
+        while env.phase != "junction":
+            *_, info = env.step("go forward")
+        seen[color] = (first_corridor, info["anchor"], info["admissible_actions"])
+    assert len({v[0] for v in seen.values()}) == 3 and "red light blinks" in seen["red"][0]
+    assert len({v[1] for v in seen.values()}) == 1  # one junction anchor for all three
+    assert seen["red"][2] == ["open blue door", "open green door", "open red door"]
+    plain = ToyMemoryEnv()
+    plain.reset(0)
+    *_, info = plain.step("press red button")
+    assert "light" not in info["anchor"]

@@ -1,5 +1,6 @@
 """The trainer end to end on CPU: toy env and real ALFWorld, resume, export, SIGTERM, plan."""
 
+import json
 import math
 import os
 import signal
@@ -45,6 +46,14 @@ def test_three_iterations_on_the_toy_env(tmp_path):
     assert [r["step"] for r in logged] == [1, 2, 3]
     assert os.path.isfile(tmp_path / "run" / "config.yaml")
     assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[-1] == "3"
+    # the model folder model.path resolved to is recorded (a later build recipe cannot swap it)
+    with open(tmp_path / "run" / "model_source.json") as f:
+        assert json.load(f)["folder"] == os.path.abspath(trainer.model_dir)
+    # the bias-vs-oracle diagnostic is logged every iteration
+    for m in history:
+        assert 0.0 <= m["diag/coverage"] <= 1.0
+        for est in ("grpo", "gigpo", "hgpo"):
+            assert f"diag/{est}/abs_dev" in m and f"diag/{est}/bias" in m
 
 
 def test_three_iterations_on_alfworld_via_the_cli(tmp_path, capsys):

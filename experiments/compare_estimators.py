@@ -1,0 +1,228 @@
+"""HGPO (K=2, K=4) vs GiGPO vs GRPO vs RLOO on a history-dependent toy task, several seeds.
+
+  python experiments/compare_estimators.py                      # 3 seeds x 5 estimators, ~2 h on 2 cores
+  python experiments/compare_estimators.py --seeds 0 --iterations 6 --estimators hgpo_k2 grpo  # a quick look
+
+The task is the "toy-history" env (hgpo_jax/envs/toy.py): press one of three coloured buttons,
+walk a corridor of 1-3 steps, open the door of the pressed colour at a junction whose doors are
+listed in a task-dependent order. The first corridor observation names the pressed colour, the
+junction observation does not: steps at the junction share one anchor but need different actions
+(context-inconsistent for anchor-only groups), and the colour is only in the memory (H = 4 steps
+for every estimator, so all see the same prompts).
+
+Equal compute: per seed, one format-only warm start (hgpo-jax sft on random episodes) shared by
+every estimator, then the same number of iterations of the same batch (8 tasks x 8 rollouts), the
+same optimizer and loss; only `algo.estimator` / `algo.K` differ. After every iteration, success
+on 48 held-out tasks at temperature 0.4 and each estimator's bias against the oracle on the
+iteration's own rollout batch (diag/, hgpo_jax.rl.diagnostics) are logged.
+
+Writes OUT/results.json (curves per run, per-estimator mean and 95% interval over seeds of the
+held-out success per iteration and of the last third, the diagnostic's means, wall time, the
+command) and OUT/success.png, OUT/bias.png. Runs live in OUT/runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from hgpo_jax.config import load_config  # noqa: E402
+from hgpo_jax.metrics import read_metrics  # noqa: E402
+
+ESTIMATORS = {  # name -> overrides
+    "hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"],
+    "hgpo_k4": ["algo.estimator=hgpo", "algo.K=4"],
+    "gigpo": ["algo.estimator=gigpo"],
+    "grpo": ["algo.estimator=grpo"],
+    "rloo": ["algo.estimator=rloo"],
+}
+SPLIT = "valid_seen"
+DIAG = ("grpo", "gigpo", "hgpo")
+
+
+def t95(n: int) -> float:
+    """The two-sided 95% Student t quantile for n - 1 degrees of freedom (n >= 2)."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+    return table.get(n - 1, 1.96)
+
+
+def mean_ci(values) -> tuple[float, float]:
+    """(mean, half-width of the 95% t interval over the values; NaN for fewer than 2)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], float)
+    if len(v) == 0:
+        return float("nan"), float("nan")
+    if len(v) == 1:
+        return float(v[0]), float("nan")
+    return float(v.mean()), float(t95(len(v)) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int) -> str:
+    from hgpo_jax.sft.trainer import SftTrainer
+
+    run_dir = os.path.join(out, "runs", f"sft-s{seed}")
+    if os.path.isdir(os.path.join(run_dir, "checkpoints")) and os.listdir(os.path.join(run_dir, "checkpoints")):
+        return run_dir  # reuse a finished warm start (the experiment can be resumed)
+    cfg = load_config("toy_format", [f"env.name={env}", f"env.memory_len={memory_len}",
+                                     f"train.seed={seed}", f"sft.steps={steps}", f"train.run_dir={run_dir}"])
+    with SftTrainer(cfg, progress=False) as trainer:
+        trainer.train()
+    return run_dir
+
+
+def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
+           iterations: int, extra: list[str]) -> list[dict]:
+    from hgpo_jax.rl.trainer import Trainer
+
+    run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
+    if os.path.isfile(os.path.join(run_dir, "done")):
+        return read_metrics(run_dir)
+    overrides = [f"model.path={sft_dir}", f"env.name={env}", f"env.memory_len={memory_len}",
+                 f"train.seed={seed}", f"train.iterations={iterations}", f"train.run_dir={run_dir}",
+                 *ESTIMATORS[name], *extra]
+    cfg = load_config("toy_hgpo", overrides)
+    resume = os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    with Trainer(cfg, resume=resume, progress=False) as trainer:
+        trainer.train()
+    open(os.path.join(run_dir, "done"), "w").close()
+    return read_metrics(run_dir)
+
+
+def curves(records: list[dict]) -> dict[str, list]:
+    """Per-iteration series of one run: held-out success, training success, diag/."""
+    out = {"eval": [], "train": []}
+    out.update({f"abs_dev/{e}": [] for e in DIAG})
+    out.update({f"bias/{e}": [] for e in DIAG})
+    out["coverage"] = []
+    by_step: dict[int, dict] = {}
+    for r in records:
+        by_step.setdefault(int(r["step"]), {}).update(r)
+    for step in sorted(by_step):
+        r = by_step[step]
+        out["eval"].append(r.get(f"eval/{SPLIT}/all"))
+        out["train"].append(r.get("success/all"))
+        for e in DIAG:
+            out[f"abs_dev/{e}"].append(r.get(f"diag/{e}/abs_dev"))
+            out[f"bias/{e}"].append(r.get(f"diag/{e}/bias"))
+        out["coverage"].append(r.get("diag/coverage"))
+    return out
+
+
+def summarize(runs: dict[str, dict[int, dict]], iterations: int) -> dict:
+    summary = {}
+    third = max(1, iterations // 3)
+    for name, by_seed in runs.items():
+        per_iter = [mean_ci([c["eval"][i] for c in by_seed.values() if i < len(c["eval"])])
+                    for i in range(iterations)]
+        last = [float(np.mean(c["eval"][-third:])) for c in by_seed.values()]
+        first = [float(np.mean(c["eval"][:third])) for c in by_seed.values()]
+        summary[name] = {
+            "eval_mean": [m for m, _ in per_iter], "eval_ci95": [h for _, h in per_iter],
+            "first_third": mean_ci(first), "last_third": mean_ci(last),
+            "last_third_per_seed": dict(zip(map(str, by_seed), last)),
+            "train_last_third": mean_ci([float(np.mean(c["train"][-third:])) for c in by_seed.values()]),
+            "diag_abs_dev": {e: mean_ci([float(np.nanmean(np.asarray(c[f"abs_dev/{e}"], float)))
+                                         for c in by_seed.values()]) for e in DIAG},
+            "coverage": mean_ci([float(np.nanmean(np.asarray(c["coverage"], float))) for c in by_seed.values()]),
+        }
+    return summary
+
+
+def plot(summary: dict, runs: dict, out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, s in summary.items():
+        x = np.arange(1, len(s["eval_mean"]) + 1)
+        m, h = np.asarray(s["eval_mean"], float), np.nan_to_num(np.asarray(s["eval_ci95"], float))
+        ax.plot(x, m, label=f"{name} (n={len(runs[name])})")
+        ax.fill_between(x, m - h, m + h, alpha=0.15)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"held-out success ({SPLIT}, T=0.4)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("toy-history: mean and 95% interval over seeds")
+    fig.tight_layout()
+    paths.append(os.path.join(out, "success.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    # the diagnostic on the batches of the HGPO K=2 runs (every estimator is measured on them)
+    source = "hgpo_k2" if "hgpo_k2" in runs else next(iter(runs))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for e in DIAG:
+        series = [np.asarray(c[f"abs_dev/{e}"], float) for c in runs[source].values()]
+        n = min(len(s) for s in series)
+        mean = np.nanmean(np.stack([s[:n] for s in series]), axis=0)
+        ax.plot(np.arange(1, n + 1), mean, label=e)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("mean |A - A_oracle| over oracle steps")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"deviation from the full-history oracle (batches of the {source} runs)")
+    fig.tight_layout()
+    paths.append(os.path.join(out, "bias.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--sft-steps", type=int, default=100)
+    ap.add_argument("--env", default="toy-history")
+    ap.add_argument("--memory-len", type=int, default=4)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "compare_estimators"))
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every RL run")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    runs: dict[str, dict[int, dict]] = {name: {} for name in args.estimators}
+    timing = {}
+    for seed in args.seeds:
+        t = time.time()
+        sft_dir = run_sft(args.out, seed, args.env, args.memory_len, args.sft_steps)
+        timing[f"sft-s{seed}"] = time.time() - t
+        for name in args.estimators:
+            t = time.time()
+            records = run_rl(args.out, name, seed, sft_dir, args.env, args.memory_len, args.iterations,
+                             args.overrides)
+            timing[f"{name}-s{seed}"] = time.time() - t
+            runs[name][seed] = curves(records)
+            c = runs[name][seed]["eval"]
+            print(f"seed {seed} {name:<8} held-out success first {c[0]:.3f} last {c[-1]:.3f} "
+                  f"({timing[f'{name}-s{seed}']:.0f} s)", flush=True)
+    summary = summarize(runs, args.iterations)
+    result = {"command": "python experiments/compare_estimators.py " + " ".join(argv or sys.argv[1:]),
+              "args": vars(args), "wall_seconds": round(time.time() - t0, 1), "timing": timing,
+              "summary": summary, "runs": {n: {str(s): c for s, c in r.items()} for n, r in runs.items()}}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    paths = plot(summary, runs, args.out)
+    for name, s in summary.items():
+        (m1, h1), (m3, h3) = s["first_third"], s["last_third"]
+        print(f"{name:<8} held-out success first third {m1:.3f} +/- {h1:.3f}  last third {m3:.3f} +/- {h3:.3f}")
+    print(f"wrote {os.path.join(args.out, 'results.json')} and {', '.join(paths)} "
+          f"({result['wall_seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
