@@ -8,9 +8,8 @@ advantage of about +/-0.3-0.6. This script measures how often that happens on re
 rollout batches, and how much it changes the per-step advantages.
 
 Rollouts: the real TextWorld engine, 16 groups x 8 envs, up to 50 steps (the paper's batch). No
-model: a scripted policy replaces it. At each step, with probability --invalid the reply is
-invalid (the env gets a piece of text that does nothing, as the authors' projection does), with
-probability --expert the next action of the game's expert walkthrough is taken, otherwise a
+model: a scripted policy replaces it (experiments/scripted_rollouts.py): at each step an invalid
+reply with probability --invalid, the walkthrough's next action with probability --expert, else a
 random admissible action. Anchors are the raw observations.
 
 For every batch and estimator (the authors' defaults: penalty on the invalid row, step-row
@@ -45,50 +44,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from hgpo_jax.envs.alfworld import AlfworldEnv, list_games, walkthrough  # noqa: E402
+from hgpo_jax.envs.alfworld import AlfworldEnv, list_games  # noqa: E402
 from hgpo_jax.envs.pool import EnvPool  # noqa: E402
 from hgpo_jax.rl import ESTIMATORS, compute_step_advantages  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scripted_rollouts import alfworld_plan, collect  # noqa: E402
+
 GAMMA, PENALTY, EPS, K, ALPHA = 0.95, 0.1, 1e-6, 2, 1.0
-NOOP_REPLY_TAIL = "i am not sure what to do next."  # what an invalid reply executes (30 chars)
-
-
-# ------------------------------------------------------------------------------ rollouts
-def collect(pool: EnvPool, games: list[str], group_size: int, max_steps: int, expert: float,
-            invalid: float, rng: np.random.Generator) -> dict:
-    """One batch of scripted episodes; per-step columns as compute_step_advantages takes them."""
-    n = pool.num_envs
-    tasks = [games[i // group_size] for i in range(n)]
-    plans = {g: walkthrough(g) for g in set(tasks)}
-    replies = pool.reset(tasks)
-    obs = [r.obs for r in replies]
-    admissible = [r.info["admissible_actions"] for r in replies]
-    pointer = [0] * n
-    running = [not r.failed for r in replies]
-    cols = defaultdict(list)
-    for t in range(max_steps):
-        actions, valid = {}, {}
-        for i in (i for i in range(n) if running[i]):
-            u = rng.random()
-            if u < invalid:
-                actions[i], valid[i] = NOOP_REPLY_TAIL, False
-            elif u < invalid + expert and pointer[i] < len(plans[tasks[i]]):
-                actions[i], valid[i] = plans[tasks[i]][pointer[i]], True
-                pointer[i] += 1
-            else:
-                actions[i], valid[i] = str(rng.choice(admissible[i])), True
-        if not actions:
-            break
-        for i, r in pool.step(actions).items():
-            if r.failed:
-                running[i] = False
-                continue
-            for key, value in (("task_ids", i // group_size), ("traj_ids", i), ("step_ids", t),
-                               ("anchors", obs[i]), ("rewards", r.reward), ("valid", valid[i])):
-                cols[key].append(value)
-            obs[i], admissible[i] = r.obs, r.info["admissible_actions"]
-            running[i] = running[i] and not r.done
-    return dict(cols)
 
 
 # ------------------------------------------------------------------------------ float32 emulation
@@ -248,7 +211,8 @@ def main(argv=None) -> dict:
                  reset_timeout=600.0, step_timeout=120.0) as pool:
         for b in range(args.batches):
             chosen = [games[int(i)] for i in rng.choice(len(games), args.groups, replace=False)]
-            cols = collect(pool, chosen, args.group_size, args.max_steps, args.expert, args.invalid, rng)
+            cols = collect(pool, chosen, args.group_size, args.max_steps, args.expert, args.invalid, rng,
+                           alfworld_plan)
             m = measure(cols)
             won = np.array(cols["rewards"]) > 0
             m["batch"] = {"rows": len(cols["rewards"]), "invalid_rate": 1 - float(np.mean(cols["valid"])),
