@@ -11,9 +11,11 @@ latest checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 
 import jax
 from flax import nnx
@@ -131,6 +133,29 @@ class Run:
         self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, self.mesh)
         self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
         self.logger = MetricsLogger(self.run_dir)
+        self._stop = False
+
+    # ------------------------------------------------------------------ the loop's frame
+    @contextlib.contextmanager
+    def stop_on_sigterm(self):
+        """Inside: SIGTERM asks the loop to finish its current step, save and stop
+        (`should_save` turns true, `stopping` too); the previous handler is restored after."""
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self._stop = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop
+
+    def should_save(self, step: int, every: int, last: int) -> bool:
+        """A checkpoint every `every` steps (0: none on the way), at the last step, and on stop."""
+        return bool(every and step % every == 0) or self._stop or step == last
 
     # ------------------------------------------------------------------ checkpoints
     def meta(self) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import signal
 import time
 from collections import defaultdict
 
@@ -170,7 +169,6 @@ class Trainer(Run):
         self.np_rng = np.random.default_rng(t.seed + 1)
         self.iteration = 0
         self._pool = None
-        self._stop = False
         if resume:
             self.restore()
 
@@ -272,11 +270,9 @@ class Trainer(Run):
         """Run the remaining iterations; returns the per-iteration metrics."""
         t = self.cfg.train
         history = []
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        bar = tqdm(total=t.iterations, initial=self.iteration, desc=f"train {self.cfg.name}",
-                   unit="it", disable=not self.progress)
-        try:
-            while self.iteration < t.iterations and not self._stop:
+        with self.stop_on_sigterm(), tqdm(total=t.iterations, initial=self.iteration, unit="it",
+                                          desc=f"train {self.cfg.name}", disable=not self.progress) as bar:
+            while self.iteration < t.iterations and not self.stopping:
                 metrics = self.run_iteration()
                 self.iteration += 1
                 self.logger.log(self.iteration, metrics)
@@ -292,17 +288,9 @@ class Trainer(Run):
                         metrics.update(ev)
                 line = progress_line(self.iteration, t.iterations, metrics)
                 tqdm.write(line) if self.progress else print(line, flush=True)
-                if (t.save_every and self.iteration % t.save_every == 0) or self._stop \
-                        or self.iteration == t.iterations:
+                if self.should_save(self.iteration, t.save_every, t.iterations):
                     self.save(self.iteration)
-        finally:
-            bar.close()
-            signal.signal(signal.SIGTERM, previous)
         return history
-
-    def _on_sigterm(self, signum, frame) -> None:
-        """Finish the current iteration, save a checkpoint, then stop."""
-        self._stop = True
 
     def evaluate(self, split: str, games: int | None = None) -> dict[str, float]:
         """Success of the current policy on `split` under `eval.protocol` at `eval.temperature`

@@ -13,7 +13,6 @@ from the result with `model.path=RUN_DIR` (or its export, `hgpo-jax export RUN_D
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 import jax
@@ -96,7 +95,6 @@ class SftTrainer(Run):
         self.order = self.np_rng.permutation(len(self.train_samples))
         self.cursor = 0
         self.step = 0
-        self._stop = False
         if resume:
             self.restore()
 
@@ -145,11 +143,9 @@ class SftTrainer(Run):
         """Run the remaining steps; returns the per-step metrics."""
         s = self.cfg.sft
         history = []
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        bar = tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}", unit="step",
-                   disable=not self.progress)
-        try:
-            while self.step < s.steps and not self._stop:
+        with self.stop_on_sigterm(), tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}",
+                                          unit="step", disable=not self.progress) as bar:
+            while self.step < s.steps and not self.stopping:
                 t0 = time.perf_counter()
                 batch = self._pack([self.train_samples[i] for i in self.next_indices(s.batch_size)],
                                    self.cfg.train.micro_batch_size)
@@ -167,13 +163,6 @@ class SftTrainer(Run):
                 bar.update(1)
                 bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                                  ("train/nll", "heldout/nll") if k in metrics})
-                if (s.save_every and self.step % s.save_every == 0) or self._stop or self.step == s.steps:
+                if self.should_save(self.step, s.save_every, s.steps):
                     self.save(self.step)
-        finally:
-            bar.close()
-            signal.signal(signal.SIGTERM, previous)
         return history
-
-    def _on_sigterm(self, signum, frame) -> None:
-        """Finish the current step, save a checkpoint, then stop."""
-        self._stop = True
