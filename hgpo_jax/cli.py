@@ -34,7 +34,7 @@ DEFAULT_PROMPT = ("Your task is to: put a clean mug in coffeemachine. You are in
 def cmd_demo(args) -> int:
     from hgpo_jax.models import load_pretrained, load_tokenizer
     from hgpo_jax.rl.sampling import generate
-    from hgpo_jax.rl.trainer import resolve_model_path
+    from hgpo_jax.models.local import resolve_model_path
 
     model_dir = resolve_model_path("tiny") if args.model is None else args.model
     model = load_pretrained(model_dir, dtype=args.dtype, progress=True)

@@ -56,20 +56,34 @@ def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = 
     return model, load_tokenizer(folder), folder
 
 
-def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
+def model_folder(path: str) -> str:
+    """The folder whose config.json and tokenizer a model.path stands for (a run folder: the one
+    its own model.path resolved to when it started)."""
+    if os.path.isdir(path) and is_run_dir(path):
+        return model_folder(_run_source(path))
+    return resolve_model_path(path)
+
+
+def _run_source(run_dir: str) -> str:
+    """The model.path a run folder's weights go on: the folder its model.path resolved to when the
+    run started (a build recipe may have changed since: "build:..." could resolve to another
+    folder now), else its config's model.path."""
     from hgpo_jax.config import load_config
 
-    cfg = load_config(run_dir)
-    # the architecture and tokenizer the run trained: the folder its model.path resolved to then
-    # (a build recipe may have changed since: "build:..." would resolve to another folder now)
-    source = cfg.model.path
     recorded = os.path.join(run_dir, MODEL_SOURCE)
     if os.path.isfile(recorded):
         with open(recorded, encoding="utf-8") as f:
             folder = json.load(f)["folder"]
         if os.path.isdir(folder):
-            source = folder
-    model, tokenizer, base = load_model(source, dtype or cfg.model.dtype,
+            return folder
+    return load_config(run_dir).model.path
+
+
+def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
+    from hgpo_jax.config import load_config
+
+    cfg = load_config(run_dir)
+    model, tokenizer, base = load_model(_run_source(run_dir), dtype or cfg.model.dtype,
                                         compute_dtype or cfg.model.compute_dtype, mesh, progress)
     graphdef, params = nnx.split(model, nnx.Param)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)

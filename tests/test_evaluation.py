@@ -12,7 +12,7 @@ from hgpo_jax.envs.toy import PALETTE, ToyMemoryEnv
 from hgpo_jax.models import load_tokenizer
 from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS, evaluate_split, shuffled_cycle_schedule
 from hgpo_jax.rl.rollout import Policy
-from hgpo_jax.rl.trainer import resolve_model_path
+from hgpo_jax.models.local import resolve_model_path
 
 LUCKY = set(PALETTE[0::2])  # the first colour of toy task n is PALETTE[n % 6]: lucky iff n is even
 

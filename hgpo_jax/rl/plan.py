@@ -21,7 +21,8 @@ from flax import nnx
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
-from hgpo_jax.rl.trainer import build_loss_config, build_optimizer
+from hgpo_jax.rl.trainer import build_loss_config
+from hgpo_jax.runs import build_optimizer
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.
 PRESETS = {
@@ -34,7 +35,8 @@ GIB = 2**30
 
 
 def plan_model_config(path: str) -> Qwen2Config:
-    """The architecture to plan: a local folder's config.json, a known preset, or 'tiny'."""
+    """The architecture to plan: a local folder's config.json, a known preset, 'tiny', a model
+    built here or a run folder's model."""
     if path == "tiny":
         from hgpo_jax.models.tiny import TINY_CONFIG
         return TINY_CONFIG
@@ -42,8 +44,13 @@ def plan_model_config(path: str) -> Qwen2Config:
         return Qwen2Config.from_json_file(os.path.join(path, "config.json"))
     if path in PRESETS:
         return PRESETS[path]
+    if path.startswith("build:") or os.path.isdir(path):  # a model built here, a run folder
+        from hgpo_jax.runs import model_folder
+
+        return Qwen2Config.from_json_file(os.path.join(model_folder(path), "config.json"))
     raise FileNotFoundError(f"cannot plan model.path {path!r}: not a local folder with a "
-                            f"config.json, nor one of the presets {sorted(PRESETS)}")
+                            f"config.json, a run folder, a build:<env>-<size>, nor one of the "
+                            f"presets {sorted(PRESETS)}")
 
 
 def devices_needed(cfg) -> int:

@@ -26,13 +26,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax.envs.toy import TOY_INTRO
-from hgpo_jax.models.local import resolve_model_path  # noqa: F401  (re-exported for callers)
 from hgpo_jax.rl.advantages import compute_step_advantages
 from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows
 from hgpo_jax.rl.grouping import hierarchy_stats
 from hgpo_jax.rl.ppo import LossConfig, make_logprob_fn, make_train_step
 from hgpo_jax.rl.rollout import Policy, collect_rollouts
-from hgpo_jax.runs import Run, build_optimizer  # noqa: F401  (build_optimizer re-exported)
+from hgpo_jax.runs import Run
 
 
 # --------------------------------------------------------------------------- set-up helpers
