@@ -165,7 +165,7 @@ class SftConfig:
     data: str = "expert"  # expert | random (the reply format only) | a JSONL of prompt/response turns
     episodes: int = 200  # episodes recorded on env.split (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps
-    batch_size: int = 32  # turns per step (a multiple of train.micro_batch_size)
+    batch_size: int = 32  # turns per step (micro-batches: see sft_micro_batch_size)
     heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
@@ -715,9 +715,6 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("sft.episodes", f.episodes, 1)
     at_least("sft.steps", f.steps, 1)
     at_least("sft.batch_size", f.batch_size, 1)
-    if f.batch_size >= 1 and t.micro_batch_size >= 1 and f.batch_size % t.micro_batch_size:
-        p.append(f"sft.batch_size={f.batch_size} must be a multiple of train.micro_batch_size="
-                 f"{t.micro_batch_size}")
     check(0 <= f.heldout < 1, "sft.heldout", f.heldout, "in [0, 1)")
     at_least("sft.eval_every", f.eval_every, 0)
     at_least("sft.save_every", f.save_every, 0)
@@ -731,6 +728,15 @@ def _semantic_problems(cfg: Config) -> list[str]:
     return p
 
 
+def sft_micro_batch_size(cfg: Config) -> int:
+    """Rows per SFT micro-batch: the largest divisor of sft.batch_size <= train.micro_batch_size.
+
+    The RL paper configs use micro-batches of 32-64 step rows; an SFT step of fewer turns then runs
+    as one micro-batch instead of being rejected.
+    """
+    return _largest_divisor_at_most(cfg.sft.batch_size, cfg.train.micro_batch_size)
+
+
 def _largest_divisor_at_most(n: int, cap: int) -> int:
     """Largest d <= cap dividing n (for the mini/micro batch hint)."""
     return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
@@ -740,5 +746,5 @@ __all__ = [
     "AlgoConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
     "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
-    "resolve_config_path", "save_config",
+    "resolve_config_path", "save_config", "sft_micro_batch_size",
 ]

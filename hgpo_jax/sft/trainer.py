@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from hgpo_jax.config import sft_micro_batch_size
 from hgpo_jax.rl.batching import pack_rows
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.ppo import make_logprob_fn, make_update_step, token_logprobs
@@ -86,9 +87,10 @@ class SftTrainer(Run):
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
         s, t = cfg.sft, cfg.train
+        self.micro = sft_micro_batch_size(cfg)
         self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer)
         self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
-                                        s.batch_size // t.micro_batch_size, SFT_BATCH, self.mesh,
+                                        s.batch_size // self.micro, SFT_BATCH, self.mesh,
                                         self.shardings, self.opt_shardings)
         self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
         self.np_rng = np.random.default_rng(t.seed + 1)
@@ -129,7 +131,7 @@ class SftTrainer(Run):
         """Mean NLL per response token of the held-out turns (NaN when there are none)."""
         if not self.heldout_samples:
             return float("nan")
-        mb = self.cfg.train.micro_batch_size
+        mb = self.micro
         total, count = 0.0, 0.0
         for i in range(0, len(self.heldout_samples), mb):
             batch = self._pack(self.heldout_samples[i:i + mb], mb)
@@ -148,7 +150,7 @@ class SftTrainer(Run):
             while self.step < s.steps and not self.stopping:
                 t0 = time.perf_counter()
                 batch = self._pack([self.train_samples[i] for i in self.next_indices(s.batch_size)],
-                                   self.cfg.train.micro_batch_size)
+                                   self.micro)
                 self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, batch)
                 metrics = {k: float(v) for k, v in jax.device_get(m).items()}
                 self.step += 1
