@@ -188,16 +188,21 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _add_run_command(sub, name: str, help: str, example: str, func) -> None:
+    """A command that starts or resumes a run from a config (train, sft)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("config", help="config name (experiments/configs) or YAML path")
+    p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example}")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hgpo-jax", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a policy")
-    train.add_argument("config", help="config name (experiments/configs) or YAML path")
-    train.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.K=4")
-    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    train.add_argument("--no-progress", action="store_true", help="no progress bars")
-    train.set_defaults(func=cmd_train)
+    _add_run_command(sub, "train", "train a policy", "algo.K=4", cmd_train)
     ev = sub.add_parser("eval", help="success rate of a config's model or a run's checkpoint")
     ev.add_argument("config", help="config name, YAML path or run folder")
     ev.add_argument("overrides", nargs="*")
@@ -206,12 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each-once protocol: games per split (0: eval.games)")
     ev.add_argument("--no-progress", action="store_true")
     ev.set_defaults(func=cmd_eval)
-    sf = sub.add_parser("sft", help="supervised warm start on expert episodes or a JSONL")
-    sf.add_argument("config", help="config name (experiments/configs) or YAML path")
-    sf.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.steps=100")
-    sf.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    sf.add_argument("--no-progress", action="store_true", help="no progress bars")
-    sf.set_defaults(func=cmd_sft)
+    _add_run_command(sub, "sft", "supervised warm start on expert episodes or a JSONL", "sft.steps=100",
+                     cmd_sft)
     ex = sub.add_parser("export", help="export a run's policy as a Hugging Face folder")
     ex.add_argument("run_dir")
     ex.add_argument("out_dir")

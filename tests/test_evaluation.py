@@ -1,8 +1,6 @@
 """Evaluation protocols: the authors' sampled batches per seed, and every game once."""
 
-import dataclasses
 import functools
-import re
 
 import numpy as np
 import pytest
@@ -11,42 +9,17 @@ from hgpo_jax.envs.pool import EnvPool
 from hgpo_jax.envs.toy import PALETTE, ToyMemoryEnv
 from hgpo_jax.models import load_tokenizer
 from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS, evaluate_split, shuffled_cycle_schedule
-from hgpo_jax.rl.rollout import Policy
 from hgpo_jax.models.local import resolve_model_path
+from toy_policies import ScriptedToyPolicy
 
 LUCKY = set(PALETTE[0::2])  # the first colour of toy task n is PALETTE[n % 6]: lucky iff n is even
 
 
-@dataclasses.dataclass
-class Out:
-    tokens: list
-    logprobs: list
-
-
-@dataclasses.dataclass
-class EvenTaskPolicy(Policy):
-    """Presses the first button; at the junction opens the first door if its colour is LUCKY,
-    else the second: it wins exactly the toy tasks with an even number."""
-
-    def generate(self, prompts, rng):
-        tokens = []
-        for p in prompts:
-            text = self.tokenizer.decode(p).split("current observation is:")[-1]
-            if m := re.search(r"room with a (\w+) button", text):
-                action = f"press {m.group(1)} button"
-            elif "corridor" in text:
-                action = "go forward"
-            else:
-                doors = re.search(r"junction with a (\w+) door, (\w+) door", text).groups()
-                action = f"open {doors[0] if doors[0] in LUCKY else doors[1]} door"
-            tokens.append(self.tokenizer.encode(f"<think>ok</think><action>{action}</action>"))
-        return Out(tokens, [[0.0] * len(t) for t in tokens])
-
-
 @pytest.fixture(scope="module")
 def policy():
-    return EvenTaskPolicy(model=None, tokenizer=load_tokenizer(resolve_model_path("tiny")),
-                          max_new_tokens=16)
+    # opens the first door if its colour is LUCKY, else the second: wins exactly the even tasks
+    return ScriptedToyPolicy(model=None, tokenizer=load_tokenizer(resolve_model_path("tiny")),
+                             max_new_tokens=16, pick_door=lambda d: d[0] if d[0] in LUCKY else d[1])
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 import dataclasses
 import functools
-import re
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, evaluate
 from hgpo_jax.models.local import resolve_model_path
+from toy_policies import Out, ScriptedToyPolicy
 
 
 @pytest.fixture(scope="module")
@@ -22,32 +22,9 @@ def tiny():
     return load_pretrained(folder), load_tokenizer(folder)
 
 
-@dataclasses.dataclass
-class Out:
-    tokens: list
-    logprobs: list
-
-
-@dataclasses.dataclass
-class ScriptedPolicy(Policy):
+def scripted_policy(model, tok, **kwargs):
     """Solves the toy game from the prompt text alone; records every generate batch size."""
-
-    batch_sizes: list = dataclasses.field(default_factory=list)
-
-    def generate(self, prompts, rng):
-        self.batch_sizes.append(len(prompts))
-        tokens = []
-        for p in prompts:
-            text = self.tokenizer.decode(p).split("current observation is:")[-1]
-            if m := re.search(r"room with a (\w+) button", text):
-                action = f"press {m.group(1)} button"
-            elif "corridor" in text:
-                action = "go forward"
-            else:
-                color = re.search(r"junction with a (\w+) door", text).group(1)
-                action = f"open {color} door"
-            tokens.append(self.tokenizer.encode(f"<think>easy</think><action>{action}</action>"))
-        return Out(tokens, [[-0.5] * len(t) for t in tokens])
+    return ScriptedToyPolicy(model, tok, think="easy", logprob=-0.5, **kwargs)
 
 
 def toy_pool(n, max_steps=50):
@@ -78,7 +55,7 @@ def check_consistent(batch, num_envs, group_size, max_steps):
 
 def test_finished_envs_are_not_generated_for(tiny):
     model, tok = tiny
-    policy = ScriptedPolicy(model, tok)
+    policy = scripted_policy(model, tok)
     with toy_pool(4) as pool:
         # task 0: corridor of 1 (done after 3 steps); task 1: corridor of 2 (4 steps)
         batch = collect_rollouts(policy, pool, [0, 1], group_size=2, max_steps=10)
@@ -98,7 +75,7 @@ def test_finished_envs_are_not_generated_for(tiny):
 
 def test_memory_of_the_last_steps_is_in_the_prompt(tiny):
     model, tok = tiny
-    policy = ScriptedPolicy(model, tok)
+    policy = scripted_policy(model, tok)
     with toy_pool(2) as pool:
         batch = collect_rollouts(policy, pool, [1], group_size=2, max_steps=10, memory_len=2)
     row = int(np.flatnonzero((batch.traj_id == 0) & (batch.step_id == 3))[0])
@@ -247,7 +224,7 @@ def test_rollouts_on_real_alfworld_games(tiny):
 
 def test_evaluate_reports_success_per_task_type(tiny):
     model, tok = tiny
-    policy = ScriptedPolicy(model, tok, temperature=0.4)
+    policy = scripted_policy(model, tok, temperature=0.4)
     with toy_pool(4) as pool:
         result = evaluate(policy, pool, list(range(6)), max_steps=10)  # 6 tasks in 2 chunks of 4
     assert result == {"memory": 1.0, "all": 1.0, "episodes": 6.0, "failed": 0.0}
