@@ -5,7 +5,7 @@
         RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints.
     hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N]
         Success rate (overall and per task type) under eval.protocol at eval.temperature; a
-        RUN_DIR evaluates its latest checkpoint.
+        RUN_DIR evaluates its latest checkpoint (a supervised run's is logged in RUN_DIR/eval).
     hgpo-jax sft CONFIG [key=value ...] [--resume]
         Supervised warm start (the `sft:` section) on expert episodes, random episodes (the
         reply format only) or a JSONL of {"prompt", "response"} turns; an RL run starts from it
@@ -115,13 +115,20 @@ def report_learning(trainer) -> None:
 def cmd_eval(args) -> int:
     from hgpo_jax.config import load_config
     from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.runs import is_run_dir, run_kind
 
-    cfg = load_config(args.config, args.overrides)
+    overrides, resume = list(args.overrides), True
+    if is_run_dir(args.config) and run_kind(args.config) == "sft":
+        # a supervised run: its latest weights, evaluated (and logged) in RUN_DIR/eval
+        overrides = [f"model.path={args.config}", f"train.run_dir={os.path.join(args.config, 'eval')}",
+                     *overrides]
+        resume = False
+    cfg = load_config(args.config, overrides)
     splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
            if e.protocol == "verl-agent" else "each game once")
-    with Trainer(cfg, resume=True, progress=not args.no_progress) as trainer:
+    with Trainer(cfg, resume=resume, progress=not args.no_progress) as trainer:
         print(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
               f"({how}), temperature {e.temperature}", flush=True)
         results = {}

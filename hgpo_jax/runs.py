@@ -35,6 +35,18 @@ def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, RUN_CONFIG)) and os.path.isdir(os.path.join(path, CHECKPOINTS))
 
 
+def run_kind(run_dir: str) -> str | None:
+    """"rl" or "sft": what wrote a run folder's newest checkpoint (None: no checkpoint yet)."""
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    try:
+        meta = ckpt.latest_meta()
+    finally:
+        ckpt.close()
+    if meta is None:
+        return None
+    return "rl" if "iteration" in meta else "sft"
+
+
 def build_optimizer(cfg, total_steps: int = 1):
     """The config's AdamW (`cfg.optim`); `total_steps` sizes a cosine schedule."""
     o = cfg.optim

@@ -21,6 +21,7 @@ from hgpo_jax.models.local import resolve_model_path, train_tokenizer
 from hgpo_jax.rl.batching import pack_rows
 from hgpo_jax.rl.ppo import token_logprobs
 from hgpo_jax.rl.rollout import Policy, collect_rollouts
+from hgpo_jax.rl.trainer import Trainer
 from hgpo_jax.runs import load_model
 from hgpo_jax.sft import data
 from hgpo_jax.sft.trainer import SftTrainer, nll_micro_loss
@@ -205,6 +206,15 @@ def test_sft_cli_and_errors(tmp_path, capsys):
                      "sft.episodes=20", "sft.steps=2", "sft.batch_size=8", "train.micro_batch_size=8"]) == 0
     out = capsys.readouterr().out
     assert "held-out NLL per response token" in out and f"model.path={run}" in out
+    # `hgpo-jax eval RUN_DIR` on a supervised run: its weights, logged in RUN_DIR/eval; the run's
+    # own config and checkpoints stay as they were
+    config_before = (run / "config.yaml").read_text()
+    assert cli_main(["eval", str(run), "--no-progress", "--games", "3", "eval.protocol=each-once",
+                     "eval.splits=[valid_seen]"]) == 0
+    assert "eval/valid_seen/all" in capsys.readouterr().out
+    assert (run / "eval" / "metrics.jsonl").is_file() and (run / "config.yaml").read_text() == config_before
+    with pytest.raises(ValueError, match="supervised .* not an RL run"):
+        Trainer(load_config(str(run)), resume=True, progress=False)
     # an SFT step smaller than (or not a multiple of) the RL micro-batch runs in divisor-sized pieces
     assert sft_micro_batch_size(load_config("toy_format", ["sft.batch_size=6", "train.micro_batch_size=4"])) == 3
     assert sft_micro_batch_size(load_config("hgpo_k2_alfworld_qwen2.5_1.5b")) == 32

@@ -56,6 +56,14 @@ class Checkpointer:
             state=ocp.args.StandardRestore(_abstract(like)), meta=ocp.args.JsonRestore()))
         return out["state"], out["meta"]
 
+    def latest_meta(self) -> dict | None:
+        """The newest checkpoint's meta alone (no arrays are read); None without checkpoints."""
+        steps = self.steps()
+        if not steps:
+            return None
+        out = self._manager.restore(steps[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return out["meta"]
+
     def restore_latest(self, like: dict) -> tuple[dict, dict, int] | None:
         """The newest checkpoint that restores cleanly, as (state, meta, step); None if there are
         no checkpoints. Raises CheckpointError if checkpoints exist but none restores."""
