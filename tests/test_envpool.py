@@ -361,7 +361,16 @@ def test_close_reaps_workers_and_is_idempotent():
         pool.reset(range(3))
 
 
-def test_keyboard_interrupt_in_step_then_reset_and_close():
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt here even when the test run was started with SIGINT
+    ignored (a background job of a non-interactive shell inherits an ignored SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_in_step_then_reset_and_close(sigint_raises):
     """SIGINT while env 0's step hangs: KeyboardInterrupt propagates; worker 0 (still busy) is
     killed and its envs 0 and 2 fail; worker 1 had answered, so envs 1 and 3 go on; a reset makes
     the pool whole again; close() leaves no process."""
@@ -398,11 +407,12 @@ def test_keyboard_interrupt_in_step_then_reset_and_close():
 
 
 SCRIPT = """
-import functools, sys
+import functools, signal, sys
 from hgpo_jax.envs.pool import EnvPool
 from pool_envs import FaultyEnv
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if inherited ignored
     pool = EnvPool(functools.partial(FaultyEnv), num_envs=4, num_workers=2, step_timeout=600)
     pool.reset(range(4))
     print("PIDS", *pool.worker_pids, flush=True)
