@@ -35,8 +35,13 @@ def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, RUN_CONFIG)) and os.path.isdir(os.path.join(path, CHECKPOINTS))
 
 
+RUN_KINDS = {"rl": "an RL run", "sft": "a supervised (hgpo-jax sft) run"}
+
+
 def run_kind(run_dir: str) -> str | None:
     """"rl" or "sft": what wrote a run folder's newest checkpoint (None: no checkpoint yet)."""
+    if not os.path.isdir(os.path.join(run_dir, CHECKPOINTS)):
+        return None
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
     try:
         meta = ckpt.latest_meta()
@@ -59,7 +64,7 @@ def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = 
                progress: bool = False):
     """(model, tokenizer, base folder) for a model.path (see the module docstring). dtype None:
     a run folder's own model.dtype, else float32."""
-    if os.path.isdir(path) and is_run_dir(path):
+    if is_run_dir(path):
         return _load_run_model(path, dtype, compute_dtype, mesh, progress)
     folder = resolve_model_path(path)
     dtype = dtype or "float32"
@@ -71,7 +76,7 @@ def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = 
 def model_folder(path: str) -> str:
     """The folder whose config.json and tokenizer a model.path stands for (a run folder: the one
     its own model.path resolved to when it started)."""
-    if os.path.isdir(path) and is_run_dir(path):
+    if is_run_dir(path):
         return model_folder(_run_source(path))
     return resolve_model_path(path)
 
@@ -118,8 +123,11 @@ class Run:
 
     Subclasses (the RL trainer, the supervised trainer) add their data and their step. `params`
     and `opt_state` are checkpointed; `meta()` / `load_meta()` carry everything else a resumed
-    run needs to continue exactly.
+    run needs to continue exactly. `kind` (a key of RUN_KINDS): a resume refuses a folder whose
+    checkpoints another kind of run wrote, before anything in it is touched.
     """
+
+    kind = "rl"
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True, total_updates: int = 1):
         from hgpo_jax.config import save_config
@@ -135,6 +143,10 @@ class Run:
         if os.path.abspath(self.run_dir) == os.path.abspath(cfg.model.path):
             raise ValueError(f"model.path {cfg.model.path!r} is this run's own folder; start from "
                              "another run or model")
+        found = run_kind(self.run_dir) if resume else None
+        if found not in (None, self.kind):
+            raise ValueError(f"{self.run_dir} holds {RUN_KINDS[found]}, not {RUN_KINDS[self.kind]}; "
+                             f"start a new run from it with model.path={self.run_dir}")
         os.makedirs(self.run_dir, exist_ok=True)
         ckpt_dir = os.path.join(self.run_dir, CHECKPOINTS)
         if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):

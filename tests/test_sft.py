@@ -213,8 +213,10 @@ def test_sft_cli_and_errors(tmp_path, capsys):
                      "eval.splits=[valid_seen]"]) == 0
     assert "eval/valid_seen/all" in capsys.readouterr().out
     assert (run / "eval" / "metrics.jsonl").is_file() and (run / "config.yaml").read_text() == config_before
+    # resuming it as an RL run is refused before the folder is touched
     with pytest.raises(ValueError, match="supervised .* not an RL run"):
-        Trainer(load_config(str(run)), resume=True, progress=False)
+        Trainer(load_config(str(run), ["rollout.temperature=0.5"]), resume=True, progress=False)
+    assert (run / "config.yaml").read_text() == config_before
     # an SFT step smaller than (or not a multiple of) the RL micro-batch runs in divisor-sized pieces
     assert sft_micro_batch_size(load_config("toy_format", ["sft.batch_size=6", "train.micro_batch_size=4"])) == 3
     assert sft_micro_batch_size(load_config("hgpo_k2_alfworld_qwen2.5_1.5b")) == 32

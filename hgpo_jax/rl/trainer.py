@@ -189,9 +189,6 @@ class Trainer(Run):
                 "sampler": self.sampler.state(), "np_rng": self.np_rng.bit_generator.state}
 
     def load_meta(self, meta: dict) -> None:
-        if "iteration" not in meta:
-            raise ValueError(f"{self.run_dir} holds a supervised (hgpo-jax sft) run, not an RL run; "
-                             f"start an RL run from it with model.path={self.run_dir}")
         self.iteration = int(meta["iteration"])
         self.key = jnp.asarray(meta["key"], jnp.uint32)
         self.sampler.load(meta["sampler"])

@@ -84,6 +84,8 @@ def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
 class SftTrainer(Run):
     """Supervised warm start of the config's model on `cfg.sft`'s data."""
 
+    kind = "sft"
+
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
         s, t = cfg.sft, cfg.train
