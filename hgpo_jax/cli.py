@@ -191,7 +191,7 @@ def cmd_plan(args) -> int:
         flags += (f" --xla_force_host_platform_device_count={need}"
                   " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
         os.environ["XLA_FLAGS"] = flags.strip()
-    print(format_plan(plan(cfg)))
+    print(format_plan(plan(cfg, target=args.target, sampler=args.sampler)))
     return 0
 
 
@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="compile the train step and print memory per device")
     pl.add_argument("config")
     pl.add_argument("overrides", nargs="*")
+    pl.add_argument("--target", choices=("gpu", "tpu", "cpu"), default="gpu",
+                    help="the platform the run is for: it decides the attention path "
+                         "(model.attention=auto: cuDNN flash on gpu) (default: gpu)")
+    pl.add_argument("--sampler", action="store_true",
+                    help="also compile the rollout's sampler and report its compile time")
     pl.set_defaults(func=cmd_plan)
     demo = sub.add_parser("demo", help="load a Qwen2 checkpoint and greedy-decode a reply")
     demo.add_argument("--model", help="HF Qwen2 folder (default: build a tiny random one)")

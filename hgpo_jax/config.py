@@ -58,6 +58,8 @@ class ModelConfig:
     path: str = "Qwen/Qwen2.5-1.5B-Instruct"  # local HF folder; "tiny" = a tiny random Qwen2 (cache)
     dtype: str = "float32"  # master weights: float32 | bfloat16
     compute_dtype: str = "bfloat16"  # activations: float32 | bfloat16
+    scan_layers: bool = True  # stacked layer weights under lax.scan (one compiled layer); false: unrolled
+    attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, else einsum) | einsum | xla | cudnn
 
 
 @dataclass
@@ -533,6 +535,8 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
             apply_mapping(cfg, data, f"{path}: ")
         if "name" not in layers[-1][1]:
             cfg.name = os.path.splitext(os.path.basename(layers[-1][0]))[0]
+        if _is_saved_run_config(layers[-1][0]) and "scan_layers" not in layers[-1][1].get("model", {}):
+            cfg.model.scan_layers = False  # written before scanned layers: its checkpoints are unrolled
     for text in overrides:
         apply_override(cfg, text)
     return cfg.validate()
@@ -548,11 +552,23 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
     return apply_mapping(Config(), data).validate()
 
 
+RUN_CONFIG_HEADER = "# hgpo-jax run config (written by hgpo_jax.config.save_config)"
+
+
+def _is_saved_run_config(path: str) -> bool:
+    """Whether a YAML file is a run's own config.yaml (written by `save_config`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().strip() == RUN_CONFIG_HEADER
+    except OSError:
+        return False
+
+
 def save_config(cfg: Config, path: str) -> str:
     """Write cfg as YAML (atomically); `load_config(path)` gives back an equal Config."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    text = ("# hgpo-jax run config (written by hgpo_jax.config.save_config)\n"
+    text = (RUN_CONFIG_HEADER + "\n"
             + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False))
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -589,12 +605,14 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
+    from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
     return {"estimator": tuple(ESTIMATORS), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "split": tuple(SPLITS), "env": ENV_NAMES, "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
-            "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS)}
+            "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS),
+            "attention": ATTENTION_IMPLS[:4]}
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
@@ -626,6 +644,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     check(bool(m.path.strip()), "model.path", m.path, "a local HF folder or 'tiny'")
     one_of("model.dtype", m.dtype, allowed["dtype"])
     one_of("model.compute_dtype", m.compute_dtype, allowed["dtype"])
+    one_of("model.attention", m.attention, allowed["attention"])
 
     one_of("env.name", e.name, allowed["env"])
     one_of("env.split", e.split, allowed["split"])

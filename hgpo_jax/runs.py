@@ -22,6 +22,7 @@ from flax import nnx
 
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.local import resolve_model_path
+from hgpo_jax.models.qwen2 import relayout_layers
 from hgpo_jax.rl.checkpoint import Checkpointer
 from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings
 
@@ -61,15 +62,16 @@ def build_optimizer(cfg, total_steps: int = 1):
 
 
 def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = None, mesh=None,
-               progress: bool = False):
+               progress: bool = False, **options):
     """(model, tokenizer, base folder) for a model.path (see the module docstring). dtype None:
-    a run folder's own model.dtype, else float32."""
+    a run folder's own model.dtype, else float32. options: the model's (scan_layers, attention,
+    remat); a run folder's weights are read in its own layer layout, then given `scan_layers`."""
     if is_run_dir(path):
-        return _load_run_model(path, dtype, compute_dtype, mesh, progress)
+        return _load_run_model(path, dtype, compute_dtype, mesh, progress, **options)
     folder = resolve_model_path(path)
     dtype = dtype or "float32"
     model = load_pretrained(folder, dtype=dtype, compute_dtype=compute_dtype, mesh=mesh,
-                            progress=progress)
+                            progress=progress, **options)
     return model, load_tokenizer(folder), folder
 
 
@@ -96,12 +98,14 @@ def _run_source(run_dir: str) -> str:
     return load_config(run_dir).model.path
 
 
-def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
+def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **options):
     from hgpo_jax.config import load_config
 
     cfg = load_config(run_dir)
+    want_scan = options.pop("scan_layers", cfg.model.scan_layers)
     model, tokenizer, base = load_model(_run_source(run_dir), dtype or cfg.model.dtype,
-                                        compute_dtype or cfg.model.compute_dtype, mesh, progress)
+                                        compute_dtype or cfg.model.compute_dtype, mesh, progress,
+                                        scan_layers=cfg.model.scan_layers, **options)
     graphdef, params = nnx.split(model, nnx.Param)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
@@ -115,7 +119,10 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress):
     state, _, step = found
     if progress:
         print(f"loaded the weights of {run_dir} at step {step}", flush=True)
-    return nnx.merge(graphdef, state["params"]), tokenizer, base
+    model = nnx.merge(graphdef, state["params"])
+    if want_scan != cfg.model.scan_layers:
+        model = relayout_layers(model, want_scan, mesh)
+    return model, tokenizer, base
 
 
 class Run:
@@ -161,7 +168,8 @@ class Run:
             raise ValueError(f"train.micro_batch_size={t.micro_batch_size} must be a multiple of "
                              f"the data-parallel size {self.dp} (mesh data x fsdp)")
         model, self.tokenizer, self.model_dir = load_model(
-            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, progress)
+            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, progress,
+            scan_layers=cfg.model.scan_layers, attention=cfg.model.attention)
         with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
             json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized

@@ -3,6 +3,8 @@
 Names: a Flax parameter path `model.layers.0.self_attn.q_proj.kernel` is the HF tensor
 `model.layers.0.self_attn.q_proj.weight`, transposed (HF Linear stores [out, in], Flax [in, out]).
 Embeddings (`embedding`) and RMSNorm scales (`scale`) map to `.weight` unchanged, biases to `.bias`.
+A model with scanned layers stores `model.layers.mlp.up_proj.kernel` as one [L, D, I] array: it
+is the L HF tensors `model.layers.{0..L-1}.mlp.up_proj.weight`, each transposed, stacked.
 """
 
 from __future__ import annotations
@@ -45,23 +47,44 @@ def flax_path_to_hf(path: tuple) -> tuple[str, bool]:
     raise KeyError(f"no HF name for Flax parameter {'.'.join(map(str, path))}")
 
 
+def is_stacked(path: tuple) -> bool:
+    """A scanned model's stacked layer weight: `('model', 'layers', 'mlp', ...)`, no layer index."""
+    return (len(path) > 2 and path[:2] == ("model", "layers")
+            and not isinstance(path[2], int) and not str(path[2]).isdigit())
+
+
+def hf_tensor_names(path: tuple, num_layers: int) -> tuple[list[str], bool]:
+    """Flax param path -> (the HF tensor names it holds, transposed?): one name, or one per layer
+    (in layer order) for a stacked weight."""
+    if not is_stacked(path):
+        name, transpose = flax_path_to_hf(path)
+        return [name], transpose
+    names = [flax_path_to_hf(("model", "layers", i) + tuple(path[2:])) for i in range(num_layers)]
+    return [n for n, _ in names], names[0][1]
+
+
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None):
-    """(graphdef, flat abstract state) of a model with that config; allocates no weights."""
+def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, **options):
+    """(graphdef, flat abstract state) of a model with that config; allocates no weights.
+    options: Qwen2ForCausalLM's keyword options (scan_layers, attention, remat)."""
     compute_dtype = compute_dtype or dtype
     model = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, dtype=compute_dtype, param_dtype=dtype,
-                                                    rngs=nnx.Rngs(0)))
+                                                    rngs=nnx.Rngs(0), **options))
     graphdef, state = nnx.split(model)
     return graphdef, nnx.to_flat_state(state)
 
 
 def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_dtype: str | None = None,
-                    mesh: jax.sharding.Mesh | None = None, progress: bool = False) -> Qwen2ForCausalLM:
+                    mesh: jax.sharding.Mesh | None = None, progress: bool = False,
+                    scan_layers: bool = False, attention: str = "auto",
+                    remat: bool = False) -> Qwen2ForCausalLM:
     """Load an HF Qwen2 folder (config.json + model.safetensors or a sharded index).
 
+    scan_layers, attention, remat: the model's options (Qwen2ForCausalLM); with scan_layers the
+      per-layer tensors are stacked on the host, one weight at a time.
     dtype: storage dtype of the weights ('float32' or 'bfloat16'); the checkpoint's own dtype is
       converted tensor by tensor. compute_dtype: activations' dtype (default: `dtype`).
     mesh: when given, each tensor goes straight into its `NamedSharding` from the partition rules
@@ -73,28 +96,35 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     config = Qwen2Config.from_json_file(os.path.join(folder, "config.json"))
     reader = CheckpointReader(folder)
     np_dtype = np.dtype(resolve_dtype(dtype))
-    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype)
+    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype,
+                                    scan_layers=scan_layers, attention=attention, remat=remat)
 
     available = set(reader.keys())
     loaded, used = [], set()
     for fpath, var in tqdm(list(flat), desc="load weights", unit="tensor", disable=not progress):
-        name, transpose = flax_path_to_hf(fpath)
-        if name not in available:
-            raise CheckpointError(f"{folder}: tensor {name!r} is missing from the checkpoint "
-                                  f"(needed for {_dotted(fpath)} by config.json)")
-        src = reader.get(name)
-        want = tuple(var.shape[::-1] if transpose else var.shape)
-        if tuple(src.shape) != want:
-            raise CheckpointError(f"{reader.file_of(name)}: tensor {name!r} has shape "
-                                  f"{tuple(src.shape)}, but config.json implies {want}")
-        host = np.ascontiguousarray((src.T if transpose else src).astype(np_dtype))
+        names, transpose = hf_tensor_names(fpath, config.num_hidden_layers)
+        one_shape = var.shape[1:] if is_stacked(fpath) else var.shape
+        parts = []
+        for name in names:
+            if name not in available:
+                raise CheckpointError(f"{folder}: tensor {name!r} is missing from the checkpoint "
+                                      f"(needed for {_dotted(fpath)} by config.json)")
+            src = reader.get(name)
+            want = tuple(one_shape[::-1] if transpose else one_shape)
+            if tuple(src.shape) != want:
+                raise CheckpointError(f"{reader.file_of(name)}: tensor {name!r} has shape "
+                                      f"{tuple(src.shape)}, but config.json implies {want}")
+            parts.append(np.ascontiguousarray((src.T if transpose else src).astype(np_dtype)))
+            used.add(name)
+            del src
+        host = np.stack(parts) if is_stacked(fpath) else parts[0]
+        del parts
         if mesh is not None:
             value = jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape))
         else:
             value = jax.device_put(host)
-        del host, src
+        del host
         loaded.append((fpath, var.replace(value=value)))
-        used.add(name)
 
     unused = sorted(n for n in available - used
                     if not n.endswith(_IGNORED_SUFFIXES)
@@ -145,11 +175,14 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
     if limit <= 0:
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size!r}")
 
-    params = {}
+    params = {}  # HF name -> (variable, transposed?, layer index in a stacked variable or None)
     for fpath, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        name, transpose = flax_path_to_hf(fpath)
-        params[name] = (var, transpose)
-    specs = [(n, tuple(v.shape[::-1] if t else v.shape), np_dtype) for n, (v, t) in params.items()]
+        names, transpose = hf_tensor_names(fpath, model.config.num_hidden_layers)
+        for i, name in enumerate(names):
+            params[name] = (var, transpose, i if is_stacked(fpath) else None)
+    specs = [(n, tuple((v.shape[1:] if i is not None else v.shape)[::-1] if t else
+                       (v.shape[1:] if i is not None else v.shape)), np_dtype)
+             for n, (v, t, i) in params.items()]
     specs.sort(key=lambda s: s[0] == "lm_head.weight")  # HF order: lm_head last
 
     shards: list[list] = [[]]
@@ -162,9 +195,17 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
         shards[-1].append(spec)
         size += nbytes
 
+    gathered = {}  # the last stacked variable brought to the host, reused for its L tensors
+
     def produce(name: str) -> np.ndarray:
-        var, transpose = params[name]
-        arr = _host_array(var[...])
+        var, transpose, layer = params[name]
+        if layer is None:
+            arr = _host_array(var[...])
+        else:
+            if gathered.get("var") is not var:
+                gathered.clear()
+                gathered.update(var=var, arr=_host_array(var[...]))
+            arr = gathered["arr"][layer]
         return (arr.T if transpose else arr).astype(np_dtype)
 
     parent = os.path.dirname(out_dir)

@@ -32,32 +32,43 @@ MASKED_SCORE = -1e30  # additive score of a masked key: exp() underflows to 0, n
 class KVCache:
     """Keys and values of past tokens, as a pytree (jit/scan friendly).
 
-    k:         per layer, [B, K, hd, S] (keys stored transposed: scores are a plain matmul)
-    v:         per layer, [B, K, S, hd]
+    k:         per layer, [B, K, hd, S] (keys stored transposed: scores are a plain matmul); a tuple
+               of L arrays, or one stacked array [L, B, K, hd, S] for a model with scanned layers
+    v:         per layer, [B, K, S, hd]; a tuple, or stacked [L, B, K, S, hd]
     key_mask:  [B, S] bool, True where a slot holds a real (non-padding) token
     pos:       [B] int32, RoPE position of the next real token of each row
     index:     [] int32, the next slot to write (shared by all rows)
     """
 
-    k: tuple
-    v: tuple
+    k: tuple | jax.Array
+    v: tuple | jax.Array
     key_mask: jax.Array
     pos: jax.Array
     index: jax.Array
 
     @classmethod
-    def init(cls, config: Qwen2Config, batch: int, max_len: int, dtype="float32") -> "KVCache":
-        """An empty cache with room for `max_len` slots per row."""
+    def init(cls, config: Qwen2Config, batch: int, max_len: int, dtype="float32", *,
+             stacked: bool = False) -> "KVCache":
+        """An empty cache with room for `max_len` slots per row; `stacked` for a model with
+        scanned layers (`Qwen2ForCausalLM.scan_layers`)."""
         dtype = resolve_dtype(dtype)
         K, hd, L = config.num_key_value_heads, config.head_size, config.num_hidden_layers
-        k = tuple(jnp.zeros((batch, K, hd, max_len), dtype) for _ in range(L))
-        v = tuple(jnp.zeros((batch, K, max_len, hd), dtype) for _ in range(L))
+        if stacked:
+            k = jnp.zeros((L, batch, K, hd, max_len), dtype)
+            v = jnp.zeros((L, batch, K, max_len, hd), dtype)
+        else:
+            k = tuple(jnp.zeros((batch, K, hd, max_len), dtype) for _ in range(L))
+            v = tuple(jnp.zeros((batch, K, max_len, hd), dtype) for _ in range(L))
         return cls(k=k, v=v, key_mask=jnp.zeros((batch, max_len), bool),
                    pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
 
     @property
     def max_len(self) -> int:
         return self.key_mask.shape[1]
+
+    @property
+    def stacked(self) -> bool:
+        return not isinstance(self.k, tuple)
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -83,12 +94,14 @@ def rope_cos_sin(positions, head_size: int, theta: float):
     return jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
 
 
-def apply_rope(x, cos, sin):
-    """x [B, heads, T, hd] rotated by position (cos/sin [B, T, hd]); math in float32."""
+def apply_rope(x, cos, sin, *, heads_first: bool = True):
+    """x [B, heads, T, hd] (or [B, T, heads, hd] with heads_first=False) rotated by position
+    (cos/sin [B, T, hd]); math in float32."""
     x32 = x.astype(jnp.float32)
     x1, x2 = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * cos[:, None] + rotated * sin[:, None]).astype(x.dtype)
+    cos, sin = (cos[:, None], sin[:, None]) if heads_first else (cos[:, :, None], sin[:, :, None])
+    return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 def attention(q, kt, v, mask):
@@ -120,6 +133,68 @@ def attention(q, kt, v, mask):
     return (out / denom).reshape(B, H, T, hd).astype(q.dtype)
 
 
+# --------------------------------------------------------------------------- fused attention
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "flash_standin")
+
+
+def resolve_attention(impl: str, dtype, head_size: int, platform: str | None = None) -> str:
+    """The attention path a training forward takes: 'einsum' (`attention` above: scores
+    [B, K, G*T, S] in float32), 'xla' (`jax.nn.dot_product_attention`'s XLA path: same memory),
+    'cudnn' (cuDNN flash attention: no [T, S] buffer in either pass) or 'flash_standin' (plan only).
+
+    'auto' is cuDNN where it runs (a GPU, 16-bit compute dtype, head size a multiple of 8 up to
+    128), else 'einsum'. The sampler's prefill and decode (left-padded rows, a cache) always take
+    'einsum'.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"model.attention={impl!r}: use one of {ATTENTION_IMPLS[:4]}")
+    if impl != "auto":
+        return impl
+    platform = platform or jax.default_backend()
+    ok = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+          and head_size % 8 == 0 and head_size <= 128)
+    return "cudnn" if ok else "einsum"
+
+
+@jax.custom_vjp
+def _flash_standin(q, k, v, lengths):
+    """A stand-in with flash attention's memory profile for `hgpo-jax plan` on CPU (its values
+    mean nothing): output [B, T, H, hd], residuals q, k, v, output and a float32 logsumexp [B, H, T],
+    and a backward with no [T, S] buffer. Never run for real."""
+    return _flash_standin_fwd(q, k, v, lengths)[0]
+
+
+def _flash_standin_fwd(q, k, v, lengths):
+    G = q.shape[2] // k.shape[2]
+    out = q + jnp.repeat(v.sum(axis=1, keepdims=True), G, axis=2)
+    lse = jnp.sum(q.astype(jnp.float32), axis=-1).transpose(0, 2, 1)  # [B, H, T]
+    return out, (q, k, v, out, lse, lengths)
+
+
+def _flash_standin_bwd(res, g):
+    q, k, v, out, lse, lengths = res
+    dq = g * lse.transpose(0, 2, 1)[..., None].astype(g.dtype) + out
+    dk = jnp.zeros_like(k) + q.sum(axis=(1, 2), keepdims=True)[:, :, :1].astype(k.dtype)
+    dv = jnp.zeros_like(v) + g.sum(axis=(1, 2), keepdims=True)[:, :, :1].astype(v.dtype)
+    return dq, dk, dv, None
+
+
+_flash_standin.defvjp(_flash_standin_fwd, _flash_standin_bwd)
+
+
+def fused_attention(q, k, v, lengths, impl: str):
+    """Causal attention over right-padded rows without a score buffer of ours.
+
+    q [B, T, H, hd]; k, v [B, T, K, hd]; lengths int32 [B] (real tokens of each row, which are
+    its first `lengths` slots; at least 1) -> [B, T, H, hd]. impl: 'xla', 'cudnn' or
+    'flash_standin' (see `resolve_attention`).
+    """
+    if impl == "flash_standin":
+        return _flash_standin(q, k, v, lengths)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
+                                        implementation=impl)
+
+
 class Qwen2Attention(nnx.Module):
     """Grouped-query self-attention with q/k/v biases and rotary embeddings."""
 
@@ -132,15 +207,23 @@ class Qwen2Attention(nnx.Module):
         self.o_proj = nnx.Linear(H * hd, D, use_bias=False, **kw)
         self.num_heads, self.num_kv_heads, self.head_size = H, K, hd
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False):
+    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
+                 fused: str | None = None):
         """x [B, T, D]; cos/sin [B, T, hd]; mask bool [B, 1, T, S].
 
-        Without a cache S == T. With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values
+        fused ('xla', 'cudnn', 'flash_standin'; no cache): `fused_attention` instead, and `mask`
+        is then the rows' lengths int32 [B] (right-padded rows, causal). Without a cache S == T. With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values
         are written at slot `index` and attention runs over all S slots. last_query_only: keys and
         values of all T tokens, but only the last token queries (Tq = 1 instead of T). Returns
         (y [B, Tq, D], (k, v) written cache or None).
         """
         B, T, _ = x.shape
+        if fused is not None:
+            split = lambda y, n: y.reshape(B, T, n, self.head_size)  # noqa: E731
+            q = apply_rope(split(self.q_proj(x), self.num_heads), cos, sin, heads_first=False)
+            k = apply_rope(split(self.k_proj(x), self.num_kv_heads), cos, sin, heads_first=False)
+            out = fused_attention(q, k, split(self.v_proj(x), self.num_kv_heads), mask, fused)
+            return self.o_proj(out.reshape(B, T, self.num_heads * self.head_size)), None
         heads_first = lambda y, n: y.reshape(B, y.shape[1], n, self.head_size).transpose(0, 2, 1, 3)  # noqa: E731
         k = apply_rope(heads_first(self.k_proj(x), self.num_kv_heads), cos, sin)  # [B, K, T, hd]
         kt = k.transpose(0, 1, 3, 2)                                              # [B, K, hd, T]
@@ -181,34 +264,56 @@ class Qwen2DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
         self.mlp = Qwen2MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False):
+    def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
+                 fused=None):
         """x [B, T, D] -> (x' [B, Tq, D], new (k, v) or None); Tq = 1 with last_query_only (the
         layer's keys/values still cover all T tokens), else T. See Qwen2Attention."""
         h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, index,
-                                   last_query_only)
+                                   last_query_only, fused)
         x = (x[:, -1:] if last_query_only else x) + h
         return x + self.mlp(self.post_attention_layernorm(x)), new_kv
 
 
 class Qwen2Model(nnx.Module):
-    """Embeddings, decoder layers and the final norm (HF's `model.` prefix)."""
+    """Embeddings, decoder layers and the final norm (HF's `model.` prefix).
 
-    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    scan_layers: `layers` is one Qwen2DecoderLayer whose weights are stacked on a leading [L] axis
+    (parameter paths `model.layers.mlp.up_proj.kernel` [L, D, I]), run by `jax.lax.scan`; else an
+    `nnx.List` of L layers (`model.layers.3.mlp.up_proj.kernel` [D, I]). Both draw the same initial
+    weights from the same rngs.
+    """
+
+    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 scan_layers: bool = False):
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                       param_dtype=param_dtype, embedding_init=_INIT, rngs=rngs)
-        self.layers = nnx.List([
-            Qwen2DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-            for _ in range(cfg.num_hidden_layers)])
+        layers = [Qwen2DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                  for _ in range(cfg.num_hidden_layers)]
+        self.layers = stack_layers(layers) if scan_layers else nnx.List(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
 
-def _remat_layer_output(layer, x, cos, sin, mask):
+def stack_layers(layers: list) -> Qwen2DecoderLayer:
+    """L identical-structure layers -> one layer whose every weight has a leading [L] axis."""
+    graphdef = nnx.graphdef(layers[0])
+    states = [nnx.state(layer) for layer in layers]
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+
+def unstack_layers(stacked: Qwen2DecoderLayer) -> list:
+    """Inverse of `stack_layers`: a layer with [L, ...] weights -> L layers."""
+    graphdef, state = nnx.split(stacked)
+    n = jax.tree.leaves(state)[0].shape[0]
+    return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state)) for i in range(n)]
+
+
+def _remat_layer_output(layer, x, cos, sin, mask, fused=None):
     """One decoder layer without a cache, rematerialized: the backward pass keeps only the layer's
     inputs and recomputes everything inside it (`jax.checkpoint` over the layer's weights)."""
     graphdef, state = nnx.split(layer)
 
     def run(state, x, cos, sin, mask):
-        return nnx.merge(graphdef, state)(x, cos, sin, mask)[0]
+        return nnx.merge(graphdef, state)(x, cos, sin, mask, fused=fused)[0]
 
     return jax.checkpoint(run)(state, x, cos, sin, mask)
 
@@ -225,17 +330,25 @@ class Qwen2ForCausalLM(nnx.Module):
     `load_pretrained(mesh=...)`); without it XLA may split FSDP-sharded layers along the hidden
     dim instead, which defeats remat (a 4 -> 8 layer plan grew 0.97 -> 1.57 GiB, with it
     0.52 -> 0.56 GiB). No effect on the values.
+
+    scan_layers: stacked layer weights run by `jax.lax.scan` (one compiled layer instead of L; see
+    Qwen2Model); same values as the unrolled form. attention: the training forward's attention
+    path ('auto', 'einsum', 'xla', 'cudnn'; `resolve_attention`), used when rows are right-padded.
     """
 
     def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
-                 rngs: nnx.Rngs | None = None, remat: bool = False, batch_mesh=None):
+                 rngs: nnx.Rngs | None = None, remat: bool = False, batch_mesh=None,
+                 scan_layers: bool = False, attention: str = "auto"):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
+        resolve_attention(attention, jnp.float32, config.head_size)  # validates the name
         self.config = config
         self.remat = remat  # recompute each layer in the backward pass (training memory)
         self.batch_mesh = batch_mesh  # split activations' batch dim over its batch axes
+        self.scan_layers = scan_layers
+        self.attention = attention
         self.dtype, self.param_dtype = resolve_dtype(dtype), resolve_dtype(param_dtype)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
-        self.model = Qwen2Model(config, **kw)
+        self.model = Qwen2Model(config, scan_layers=scan_layers, **kw)
         self.lm_head = (None if config.tie_word_embeddings else
                         nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False,
                                    kernel_init=_INIT, **kw))
@@ -257,13 +370,20 @@ class Qwen2ForCausalLM(nnx.Module):
             return self.model.embed_tokens.attend(hidden)
         return self.lm_head(hidden)
 
+    def new_cache(self, batch: int, max_len: int, dtype="float32") -> KVCache:
+        """An empty KVCache in this model's layout (stacked for scanned layers)."""
+        return KVCache.init(self.config, batch, max_len, dtype, stacked=self.scan_layers)
+
     def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None,
-                      last_only: bool = False):
+                      last_only: bool = False, right_padded: bool = False):
         """Everything but the LM head: -> (hidden [B, T, D] after the final norm, new cache or None).
 
         last_only (a prefill that needs only the next-token logits): hidden is [B, 1, D], the last
         slot's, and the last layer computes keys and values for all T tokens but its queries,
         attention output and MLP for the last slot only (same values as hidden[:, -1:]).
+        right_padded: the caller promises every row's real tokens come first (attention_mask a
+        prefix of ones), which lets a forward without a cache take the fused attention path
+        (`self.attention`); rows of all padding are fine.
         """
         B, T = input_ids.shape
         new_mask = (jnp.ones((B, T), bool) if attention_mask is None
@@ -278,29 +398,89 @@ class Qwen2ForCausalLM(nnx.Module):
             index, S = cache.index, cache.max_len
             key_mask = jax.lax.dynamic_update_slice(cache.key_mask, new_mask, (0, index))
             q_slots = index + jnp.arange(T)
-        causal = jnp.arange(S)[None, :] <= q_slots[:, None]              # [T, S]
-        mask = (key_mask[:, None, None, :] & causal[None, None])          # [B, 1, T, S]
+        fused = None
+        if cache is None and not last_only and (right_padded or attention_mask is None):
+            fused = resolve_attention(self.attention, self.dtype, self.config.head_size)
+            fused = None if fused == "einsum" else fused
+        if fused is not None:  # the rows' lengths stand for the mask (at least 1: finite rows)
+            mask = jnp.maximum(new_mask.sum(axis=1), 1).astype(jnp.int32)   # [B]
+        else:
+            causal = jnp.arange(S)[None, :] <= q_slots[:, None]              # [T, S]
+            mask = (key_mask[:, None, None, :] & causal[None, None])          # [B, 1, T, S]
 
         cos, sin = rope_cos_sin(positions, self.config.head_size, self.config.rope_theta)
         x = self._split_batch(self.model.embed_tokens(input_ids))
+        run = self._scanned_layers if self.scan_layers else self._unrolled_layers
+        x, kv = run(x, cos, sin, mask, cache, index, last_only, fused)
+        hidden = self.model.norm(x)
+        if cache is None:
+            return hidden, None
+        return hidden, KVCache(k=kv[0], v=kv[1], key_mask=key_mask,
+                               pos=start_pos + new_mask.sum(axis=1).astype(jnp.int32),
+                               index=index + T)
+
+    def _unrolled_layers(self, x, cos, sin, mask, cache, index, last_only, fused):
+        """The L layers one after the other -> (x, (keys, values) tuples or None)."""
         new_k, new_v = [], []
         for i, layer in enumerate(self.model.layers):
             last = last_only and i == len(self.model.layers) - 1
             if cache is None and self.remat and not last:
-                x = self._split_batch(_remat_layer_output(layer, x, cos, sin, mask))
+                x = self._split_batch(_remat_layer_output(layer, x, cos, sin, mask, fused))
                 continue
             cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last)
+            x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last, fused=fused)
             x = self._split_batch(x)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
-        hidden = self.model.norm(x)
+        return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
+
+    def _scanned_layers(self, x, cos, sin, mask, cache, index, last_only, fused):
+        """The stacked layers under `jax.lax.scan` -> (x, stacked (keys, values) or None).
+
+        Without a cache the weights are the scan's xs (their gradients come back stacked), each
+        layer rematerialized with `remat`. With a cache, the stacked keys/values ride in the carry
+        and each layer writes only its T new slots. last_only: L-1 layers in the scan, the last one
+        after it (its queries cover the last slot only).
+        """
+        graphdef, state = nnx.split(self.model.layers)
+        L = self.config.num_hidden_layers
+        n = L - 1 if last_only else L
+
+        def apply(st, x, cache_kv=None, last=False):
+            return nnx.merge(graphdef, st)(x, cos, sin, mask, cache_kv, index,
+                                           last_query_only=last, fused=fused)
+
+        layer_at = lambda i: jax.tree.map(lambda a: a[i], state)  # noqa: E731
         if cache is None:
-            return hidden, None
-        return hidden, KVCache(k=tuple(new_k), v=tuple(new_v), key_mask=key_mask,
-                               pos=start_pos + new_mask.sum(axis=1).astype(jnp.int32),
-                               index=index + T)
+            def body(x, st):
+                f = lambda st, x: apply(st, x)[0]  # noqa: E731
+                f = jax.checkpoint(f) if self.remat else f
+                return self._split_batch(f(st, x)), None
+
+            x, _ = jax.lax.scan(body, x, state if n == L else jax.tree.map(lambda a: a[:n], state))
+            if last_only:
+                x = self._split_batch(apply(layer_at(L - 1), x, last=True)[0])
+            return x, None
+
+        T = x.shape[1]
+
+        def with_layer(carry, i, last=False):
+            x, ks, vs = carry
+            x, (ck, cv) = apply(layer_at(i), x, (ks[i], vs[i]), last)
+            B, K, hd, _ = ck.shape
+            new_k = jax.lax.dynamic_slice(ck, (0, 0, 0, index), (B, K, hd, T))
+            new_v = jax.lax.dynamic_slice(cv, (0, 0, index, 0), (B, K, T, hd))
+            ks = jax.lax.dynamic_update_slice(ks, new_k[None], (i, 0, 0, 0, index))
+            vs = jax.lax.dynamic_update_slice(vs, new_v[None], (i, 0, 0, index, 0))
+            return self._split_batch(x), ks, vs
+
+        carry, _ = jax.lax.scan(lambda c, i: (with_layer(c, i), None), (x, cache.k, cache.v),
+                                jnp.arange(n))
+        if last_only:
+            carry = with_layer(carry, L - 1, last=True)
+        x, ks, vs = carry
+        return x, (ks, vs)
 
     def _split_batch(self, x):
         """x [B, ...] constrained to be split over batch_mesh's batch axes (where they divide
@@ -311,3 +491,24 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def num_params(self) -> int:
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+
+
+def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool, mesh=None) -> Qwen2ForCausalLM:
+    """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
+    L layers), same weights; on `mesh`, every weight is put in its partition rule's sharding.
+    Changes `model` in place and returns it (unchanged when the layout already matches)."""
+    if model.scan_layers == scan_layers:
+        return model
+    layers = model.model.layers
+    model.model.layers = (stack_layers(list(layers)) if scan_layers
+                          else nnx.List(unstack_layers(layers)))
+    model.scan_layers = scan_layers
+    if mesh is not None:
+        from hgpo_jax.models.sharding import param_sharding
+
+        graphdef, state = nnx.split(model)
+        flat = [(path, var.replace(value=jax.device_put(
+                    var[...], param_sharding(mesh, ".".join(map(str, path)), var.shape))))
+                for path, var in nnx.to_flat_state(state)]
+        model = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    return model

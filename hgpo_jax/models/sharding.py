@@ -78,11 +78,16 @@ def request_cpu_devices(count: int | None = None) -> int:
     return count
 
 
+STACKED_LAYERS = re.compile(r"(^|\.)layers\.(?!\d+\.)")  # model.layers.mlp... (scanned layers)
+
+
 def param_partition_spec(path: str) -> P:
-    """PartitionSpec for a dotted Flax parameter path, e.g. 'model.layers.0.mlp.up_proj.kernel'."""
+    """PartitionSpec for a dotted Flax parameter path, e.g. 'model.layers.0.mlp.up_proj.kernel'.
+    Stacked layer weights ('model.layers.mlp.up_proj.kernel' [L, D, I]) get the same rule behind
+    an unsplit layer axis."""
     for pattern, spec in PARAM_RULES:
         if re.search(pattern, path):
-            return spec
+            return P(None, *spec) if STACKED_LAYERS.search(path) else spec
     raise KeyError(f"no partition rule for parameter {path!r}; add one to PARAM_RULES")
 
 

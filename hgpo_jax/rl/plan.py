@@ -6,6 +6,11 @@ and reports its buffer sizes. On a machine without the mesh's accelerators the p
 many virtual CPU devices, which gives the per-device sizes of weights, optimizer state and
 gradients exactly, and the activation peak as XLA's CPU compiler schedules it (an estimate of the
 GPU one). Use it to check that a 7B run fits before renting GPUs.
+
+Attention: the plan compiles the path `model.attention` takes on the target platform
+(`--target`, default gpu). cuDNN flash attention has no CPU kernel, so on CPU a stand-in with its
+memory profile is compiled instead (`qwen2._flash_standin`: output and logsumexp residuals, no
+[T, S] buffer); its values are never computed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
+from hgpo_jax.models.config import resolve_dtype
+from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
 from hgpo_jax.rl.trainer import build_loss_config
@@ -63,14 +70,32 @@ def _abstract(tree, shardings):
                         tree, shardings)
 
 
-def plan(cfg) -> dict:
-    """Compile the config's train step on abstract inputs; returns sizes in bytes per device."""
+def plan_attention(cfg, model_cfg: Qwen2Config, target: str | None) -> tuple[str, str]:
+    """(the attention path to compile here, its label) for `model.attention` on `target`."""
+    target = target or jax.default_backend()
+    impl = resolve_attention(cfg.model.attention, resolve_dtype(cfg.model.compute_dtype),
+                             model_cfg.head_size, platform=target)
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        return "flash_standin", f"cudnn flash on {target} (a memory stand-in compiled on " \
+                                f"{jax.default_backend()})"
+    return impl, f"{impl} on {target}"
+
+
+def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
+    """Compile the config's train step on abstract inputs; returns sizes in bytes per device.
+
+    target: the platform the run is for ('gpu', 'tpu', 'cpu'; None: this one), which decides the
+    attention path. sampler: also compile the rollout's generation programs (prefill + decode of
+    num_groups x group_size prompts of max_prompt_tokens, max_new_tokens new) and time it.
+    """
     model_cfg = plan_model_config(cfg.model.path)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     t, r = cfg.train, cfg.rollout
+    attention, attention_label = plan_attention(cfg, model_cfg, target)
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
-        rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=mesh)), nnx.Param)
+        rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers,
+        attention=attention)), nnx.Param)
     shardings = param_shardings(mesh, params)
     abs_params = _abstract(params, shardings)
     tx = build_optimizer(cfg)
@@ -100,6 +125,7 @@ def plan(cfg) -> dict:
         "model": cfg.model.path, "mesh": dict(mesh.shape), "devices": n_dev,
         "platform": jax.devices()[0].platform, "params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
         "seq_len": L, "mini_batch": M, "micro_batch": t.micro_batch_size, "remat": t.remat,
+        "scan_layers": cfg.model.scan_layers, "attention": attention_label,
         "params_bytes": per_device(abs_params), "opt_bytes": per_device(abs_opt),
         "ref_params_bytes": per_device(abs_params),
         "argument_bytes": getattr(mem, "argument_size_in_bytes", 0),
@@ -112,7 +138,38 @@ def plan(cfg) -> dict:
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = (out["argument_bytes"] + out["temp_bytes"]
                          + max(out["output_bytes"] - out["alias_bytes"], 0) + out["ref_params_bytes"])
+    if sampler:
+        rows = r.num_groups * r.group_size
+        out["sampler_compile_s"] = sampler_compile_seconds(
+            graphdef, abs_params, rows, r.max_prompt_tokens, r.max_new_tokens, mesh,
+            cfg.model.compute_dtype)
+        out["sampler_shape"] = (rows, r.max_prompt_tokens, r.max_new_tokens)
     return out
+
+
+def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, max_new: int, mesh,
+                            cache_dtype) -> float:
+    """Seconds to compile the sampler's prefill and decode programs for `rows` prompts of
+    `prompt_len` tokens and `max_new` new tokens, on abstract weights (nothing runs)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from hgpo_jax.models.sharding import rows_sharding
+    from hgpo_jax.rl.sampling import Sampler, _Static, batch_bucket, new_tokens_bucket
+
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    B = batch_bucket(rows, dp)
+    rep = NamedSharding(mesh, P())
+    batched = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, shape))
+               for shape, dtype in (((B, prompt_len), jnp.int32), ((B, prompt_len), jnp.bool_),
+                                    ((B,), jnp.bool_))]
+    scalars = [jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+               for shape, dtype in (((1,), jnp.int32), ((2,), jnp.uint32), ((), jnp.float32),
+                                    ((), jnp.float32), ((), jnp.int32))]
+    static = _Static(max_new=new_tokens_bucket(max_new), greedy=False, top_k=0, use_top_p=False,
+                     cache_dtype=resolve_dtype(cache_dtype), mesh=mesh)
+    t0 = time.perf_counter()
+    Sampler._compile(graphdef, static, (abs_params, *batched, *scalars), mesh, abs_params)
+    return time.perf_counter() - t0
 
 
 def format_plan(p: dict) -> str:
@@ -122,7 +179,9 @@ def format_plan(p: dict) -> str:
         f"plan: {p['model']} ({p['params'] / 1e9:.2f} B parameters) on {p['devices']} "
         f"{p['platform']} device(s), mesh {mesh}",
         f"  train step: mini-batch {p['mini_batch']} rows x {p['seq_len']} tokens, micro-batch "
-        f"{p['micro_batch']} rows, remat {p['remat']} (compiled in {p['compile_s']:.1f}s)",
+        f"{p['micro_batch']} rows, remat {p['remat']}, scanned layers {p['scan_layers']} "
+        f"(compiled in {p['compile_s']:.1f}s)",
+        f"  attention: {p['attention']}",
         "  per device:",
         f"    parameters (master)   {g(p['params_bytes'])}",
         f"    optimizer state       {g(p['opt_bytes'])}",
@@ -130,4 +189,6 @@ def format_plan(p: dict) -> str:
         f"    step arguments        {g(p['argument_bytes'])}  (params + opt state + mini-batch)",
         f"    step temporaries      {g(p['temp_bytes'])}  (gradients, activations, logits chunks)",
         f"    estimated peak        {g(p['peak_bytes'])}",
-    ])
+    ] + ([f"  sampler: {p['sampler_shape'][0]} prompts x {p['sampler_shape'][1]} tokens, "
+          f"{p['sampler_shape'][2]} new: compiled in {p['sampler_compile_s']:.1f}s"]
+         if "sampler_compile_s" in p else []))

@@ -104,7 +104,8 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
       the same chunk loop, so it costs no [S, L, V] buffer either, and it is differentiable.
     Returns logp, or (logp, entropy) with `with_entropy`.
     """
-    hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask)  # [S, L, D]
+    hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask,
+                                    right_padded=True)  # [S, L, D]
     S, L, D = hidden.shape
     targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros((S, 1), input_ids.dtype)], axis=1)
     pad = (-L) % chunk

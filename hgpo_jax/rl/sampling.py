@@ -189,22 +189,27 @@ def _constrain_cache(cache: KVCache, mesh) -> KVCache:
     if mesh is None:
         return cache
     batch, slots = cache.key_mask.shape
-    kv_spec = NamedSharding(mesh, fit_spec(P(BATCH_AXES, "tensor"), cache.k[0].shape, mesh))
+    constrain = jax.lax.with_sharding_constraint
+    if cache.stacked:  # [L, B, K, ...]: the layer axis stays whole
+        kv_spec = NamedSharding(mesh, fit_spec(P(None, BATCH_AXES, "tensor"), cache.k.shape, mesh))
+        k, v = constrain(cache.k, kv_spec), constrain(cache.v, kv_spec)
+    else:
+        kv_spec = NamedSharding(mesh, fit_spec(P(BATCH_AXES, "tensor"), cache.k[0].shape, mesh))
+        k = tuple(constrain(x, kv_spec) for x in cache.k)
+        v = tuple(constrain(x, kv_spec) for x in cache.v)
     row_spec = rows_sharding(mesh, (batch,))
     mask_spec = rows_sharding(mesh, (batch, slots))
-    constrain = jax.lax.with_sharding_constraint
-    return KVCache(k=tuple(constrain(k, kv_spec) for k in cache.k),
-                   v=tuple(constrain(v, kv_spec) for v in cache.v),
-                   key_mask=constrain(cache.key_mask, mask_spec),
+    return KVCache(k=k, v=v, key_mask=constrain(cache.key_mask, mask_spec),
                    pos=constrain(cache.pos, row_spec), index=cache.index)
 
 
 def _grow_cache(cache: KVCache, extra: int) -> KVCache:
     """Append `extra` empty slots to every row: k [B, K, hd, S] -> [B, K, hd, S + extra],
-    v [B, K, S, hd] -> [B, K, S + extra, hd]."""
-    pad_k = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra)))  # noqa: E731
-    pad_v = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))  # noqa: E731
-    return cache.replace(k=tuple(map(pad_k, cache.k)), v=tuple(map(pad_v, cache.v)),
+    v [B, K, S, hd] -> [B, K, S + extra, hd] (per layer, or stacked with a leading [L])."""
+    pad_k = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, extra),))  # noqa: E731
+    pad_v = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 2) + ((0, extra), (0, 0)))  # noqa: E731
+    grow = (lambda f, kv: f(kv)) if cache.stacked else (lambda f, kv: tuple(map(f, kv)))  # noqa: E731
+    return cache.replace(k=grow(pad_k, cache.k), v=grow(pad_v, cache.v),
                          key_mask=jnp.pad(cache.key_mask, ((0, 0), (0, extra))))
 
 
@@ -238,7 +243,7 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, 
     B, Pn = input_ids.shape
     N = static.max_new
     # prefill into a cache of exactly Pn slots (its attention is Pn x Pn), then add N empty slots
-    cache = _constrain_cache(KVCache.init(model.config, B, Pn, static.cache_dtype), static.mesh)
+    cache = _constrain_cache(model.new_cache(B, Pn, static.cache_dtype), static.mesh)
     hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
                                         last_only=True)                   # [B, 1, D]
     cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
