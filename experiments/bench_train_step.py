@@ -1,0 +1,172 @@
+"""PPO train-step time and sampler throughput with scanned or unrolled layers and each attention
+path, measured in one run so that the ratios compare like with like. A benchmark: nothing asserted.
+
+    python experiments/bench_train_step.py                        # bench shape, CPU: scan vs unrolled
+    python experiments/bench_train_step.py --shape 1.5b --rows 256 --micro 16 --seq 4608 \\
+        --compute-dtype bfloat16 --attention einsum,cudnn --sampler 128,2048,512   # one GPU
+
+Random weights (same seed for every variant, so the layouts hold the same weights). The train step
+is the trainer's (`make_train_step`: micro-batch accumulation, remat, AdamW) on full-length rows
+with a 512-token response mask. MFU counts 6 x parameters x tokens plus causal attention
+(6 x layers x seq x hidden per token) against --peak-tflops (H100 SXM bf16 dense: 989).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
+from hgpo_jax.models import Qwen2Config, make_mesh  # noqa: E402
+from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, resolve_attention  # noqa: E402
+from hgpo_jax.rl.plan import PRESETS  # noqa: E402
+from hgpo_jax.rl.ppo import (LossConfig, init_opt_state, make_optimizer,  # noqa: E402
+                             make_train_step, param_shardings)
+from hgpo_jax.rl.sampling import Sampler  # noqa: E402
+
+SHAPES = {"1.5b": PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], "7b": PRESETS["Qwen/Qwen2.5-7B-Instruct"]}
+
+
+def shape_config(name: str) -> Qwen2Config:
+    if name == "bench":
+        from bench_common import BENCH_SHAPE
+        return Qwen2Config(**BENCH_SHAPE)
+    return SHAPES[name]
+
+
+def random_minibatch(rows: int, seq: int, vocab: int, response: int, seed: int = 0) -> dict:
+    """A PPO mini-batch of full-length rows: the last `response` tokens carry the loss."""
+    rng = np.random.default_rng(seed)
+    resp = np.zeros((rows, seq), np.float32)
+    resp[:, max(seq - response, 1):] = 1.0
+    return {"input_ids": rng.integers(0, vocab, (rows, seq)).astype(np.int32),
+            "attention_mask": np.ones((rows, seq), np.int32), "response_mask": resp,
+            "advantages": rng.standard_normal(rows).astype(np.float32),
+            "old_logp": np.full((rows, seq), -2.0, np.float32),
+            "ref_logp": np.full((rows, seq), -2.0, np.float32)}
+
+
+def model_flops_per_token(cfg: Qwen2Config, n_params: int, seq: int) -> float:
+    """Training FLOPs per token: 6 N plus causal attention's 6 x layers x seq x hidden."""
+    return 6.0 * n_params + 6.0 * cfg.num_hidden_layers * seq * cfg.hidden_size
+
+
+def time_calls(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_variant(cfg, scan: bool, attention: str, args, mesh) -> dict:
+    model = Qwen2ForCausalLM(cfg, dtype=args.compute_dtype, param_dtype=args.dtype,
+                             rngs=nnx.Rngs(0), remat=True, scan_layers=scan, attention=attention,
+                             batch_mesh=mesh)
+    graphdef, params = nnx.split(model, nnx.Param)
+    shardings = param_shardings(mesh, params)
+    params = jax.device_put(params, shardings)
+    tx = make_optimizer(1e-6)
+    opt_state, opt_shardings = init_opt_state(tx, params, mesh)
+    loss_cfg = LossConfig()  # the paper's: clip 0.2, dual clip 3, low-var KL 0.01, entropy 0.001
+    step = make_train_step(graphdef, tx, loss_cfg, args.rows // args.micro, mesh, shardings,
+                           opt_shardings)
+    mb = random_minibatch(args.rows, args.seq, cfg.vocab_size, args.response)
+    t0 = time.perf_counter()
+    compiled = step.lower(params, opt_state, mb).compile()
+    compile_s = time.perf_counter() - t0
+    state = {"params": params, "opt": opt_state}
+
+    def one():
+        state["params"], state["opt"], metrics = compiled(state["params"], state["opt"], mb)
+        jax.block_until_ready(metrics)
+
+    one()  # warm-up
+    times = time_calls(one, args.repeats)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    step_s = statistics.median(times)
+    tokens = args.rows * args.seq
+    out = {"scan_layers": scan, "attention": resolve_attention(attention, model.dtype,
+                                                              cfg.head_size),
+           "compile_s": compile_s, "step_s": step_s, "step_s_all": times,
+           "tokens_per_s": tokens / step_s}
+    if args.peak_tflops:
+        out["mfu"] = model_flops_per_token(cfg, n_params, args.seq) * tokens / step_s / (
+            args.peak_tflops * 1e12 * mesh.devices.size)
+    if args.sampler:
+        n, plen, new = args.sampler
+        model = nnx.merge(graphdef, state["params"])
+        prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (n, plen)).tolist()
+        sampler = Sampler()
+        try:
+            first = time.perf_counter()
+            sampler.generate(model, prompts, new, temperature=1.0, rng=0)
+            out["sampler_first_call_s"] = time.perf_counter() - first
+            out["sampler_compile_s"] = sampler.compile_s
+            times = time_calls(lambda: sampler.generate(model, prompts, new, temperature=1.0,
+                                                        rng=1), max(1, args.repeats // 2))
+            out["sampler_s"] = statistics.median(times)
+            out["sampler_new_tokens_per_s"] = n * new / out["sampler_s"]
+        except Exception as err:  # e.g. out of memory: recorded, the other variants still run
+            out["sampler_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    del state, params, opt_state, compiled, model
+    gc.collect()
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="bench", choices=["bench", *SHAPES])
+    p.add_argument("--rows", type=int, default=16, help="mini-batch rows per update")
+    p.add_argument("--micro", type=int, default=8, help="rows per micro-batch")
+    p.add_argument("--seq", type=int, default=256, help="tokens per row")
+    p.add_argument("--response", type=int, default=512, help="response tokens per row")
+    p.add_argument("--dtype", default="float32", help="master weights")
+    p.add_argument("--compute-dtype", default="float32")
+    p.add_argument("--scan", default="0,1", help="layouts to compare: 0 unrolled, 1 scanned")
+    p.add_argument("--attention", default="einsum", help="attention paths, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sampler", default="", help="prompts,prompt_len,new_tokens (off if empty)")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="per device, for MFU")
+    p.add_argument("--json", default="", help="write the results here")
+    args = p.parse_args(argv)
+    args.sampler = tuple(int(x) for x in args.sampler.split(",")) if args.sampler else ()
+    cfg = shape_config(args.shape)
+    mesh = make_mesh(data=-1)
+    results = {"shape": args.shape, "device": str(jax.devices()[0].device_kind),
+               "devices": len(jax.devices()), "args": {k: v for k, v in vars(args).items()},
+               "variants": []}
+    for attention in args.attention.split(","):
+        for scan in (bool(int(s)) for s in args.scan.split(",")):
+            res = bench_variant(cfg, scan, attention, args, mesh)
+            results["variants"].append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "step_s_all"}), flush=True)
+    base = results["variants"][0]
+    for res in results["variants"]:
+        res["step_time_ratio_vs_first"] = res["step_s"] / base["step_s"]
+        print(f"scan {int(res['scan_layers'])} attention {res['attention']:>7}: step "
+              f"{res['step_s']:.3f}s (x{res['step_time_ratio_vs_first']:.3f} of the first), "
+              f"compile {res['compile_s']:.1f}s"
+              + (f", MFU {res['mfu']:.1%}" if "mfu" in res else "")
+              + (f", sampler {res['sampler_new_tokens_per_s']:.0f} new tok/s"
+                 if "sampler_s" in res else ""), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()
