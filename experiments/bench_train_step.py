@@ -77,16 +77,30 @@ def bench_variant(cfg, scan: bool, attention: str, args, mesh) -> dict:
     graphdef, params = nnx.split(model, nnx.Param)
     shardings = param_shardings(mesh, params)
     params = jax.device_put(params, shardings)
-    tx = make_optimizer(1e-6)
-    opt_state, opt_shardings = init_opt_state(tx, params, mesh)
-    loss_cfg = LossConfig()  # the paper's: clip 0.2, dual clip 3, low-var KL 0.01, entropy 0.001
-    step = make_train_step(graphdef, tx, loss_cfg, args.rows // args.micro, mesh, shardings,
-                           opt_shardings)
+    state = {"params": params}
+    out = {"scan_layers": scan, "attention": resolve_attention(attention, model.dtype,
+                                                              cfg.head_size)}
+    if args.rows:
+        tx = make_optimizer(1e-6)
+        state["opt"], opt_shardings = init_opt_state(tx, params, mesh)
+        loss_cfg = LossConfig()  # the paper's: clip 0.2, dual clip 3, low-var KL 0.01, entropy 0.001
+        step = make_train_step(graphdef, tx, loss_cfg, max(args.rows // args.micro, 1), mesh,
+                               shardings, opt_shardings)
+        out.update(bench_step(cfg, step, state, args, mesh))
+        state.pop("opt")
+    if args.sampler:
+        out.update(bench_sampler(cfg, nnx.merge(graphdef, state["params"]), args))
+    del state, params, model
+    gc.collect()
+    return out
+
+
+def bench_step(cfg, step, state, args, mesh) -> dict:
+    """Compile and time the train step; `state` ({params, opt}) is updated in place."""
     mb = random_minibatch(args.rows, args.seq, cfg.vocab_size, args.response)
     t0 = time.perf_counter()
-    compiled = step.lower(params, opt_state, mb).compile()
+    compiled = step.lower(state["params"], state["opt"], mb).compile()
     compile_s = time.perf_counter() - t0
-    state = {"params": params, "opt": opt_state}
 
     def one():
         state["params"], state["opt"], metrics = compiled(state["params"], state["opt"], mb)
@@ -94,19 +108,22 @@ def bench_variant(cfg, scan: bool, attention: str, args, mesh) -> dict:
 
     one()  # warm-up
     times = time_calls(one, args.repeats)
-    n_params = sum(x.size for x in jax.tree.leaves(params))
+    n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     step_s = statistics.median(times)
     tokens = args.rows * args.seq
-    out = {"scan_layers": scan, "attention": resolve_attention(attention, model.dtype,
-                                                              cfg.head_size),
-           "compile_s": compile_s, "step_s": step_s, "step_s_all": times,
+    out = {"compile_s": compile_s, "step_s": step_s, "step_s_all": times,
            "tokens_per_s": tokens / step_s}
     if args.peak_tflops:
         out["mfu"] = model_flops_per_token(cfg, n_params, args.seq) * tokens / step_s / (
             args.peak_tflops * 1e12 * mesh.devices.size)
-    if args.sampler:
+    return out
+
+
+def bench_sampler(cfg, model, args) -> dict:
+    """Sampler new tokens/s for args.sampler = (prompts, prompt tokens, new tokens)."""
+    out = {}
+    if True:
         n, plen, new = args.sampler
-        model = nnx.merge(graphdef, state["params"])
         prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (n, plen)).tolist()
         sampler = Sampler()
         try:
@@ -120,8 +137,6 @@ def bench_variant(cfg, scan: bool, attention: str, args, mesh) -> dict:
             out["sampler_new_tokens_per_s"] = n * new / out["sampler_s"]
         except Exception as err:  # e.g. out of memory: recorded, the other variants still run
             out["sampler_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-    del state, params, opt_state, compiled, model
-    gc.collect()
     return out
 
 
@@ -129,7 +144,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="bench", choices=["bench", *SHAPES])
-    p.add_argument("--rows", type=int, default=16, help="mini-batch rows per update")
+    p.add_argument("--rows", type=int, default=16, help="mini-batch rows per update (0: no step)")
     p.add_argument("--micro", type=int, default=8, help="rows per micro-batch")
     p.add_argument("--seq", type=int, default=256, help="tokens per row")
     p.add_argument("--response", type=int, default=512, help="response tokens per row")
@@ -155,10 +170,11 @@ def main(argv=None) -> dict:
             print(json.dumps({k: v for k, v in res.items() if k != "step_s_all"}), flush=True)
     base = results["variants"][0]
     for res in results["variants"]:
-        res["step_time_ratio_vs_first"] = res["step_s"] / base["step_s"]
-        print(f"scan {int(res['scan_layers'])} attention {res['attention']:>7}: step "
-              f"{res['step_s']:.3f}s (x{res['step_time_ratio_vs_first']:.3f} of the first), "
-              f"compile {res['compile_s']:.1f}s"
+        if "step_s" in res:
+            res["step_time_ratio_vs_first"] = res["step_s"] / base["step_s"]
+        print(f"scan {int(res['scan_layers'])} attention {res['attention']:>7}: "
+              + (f"step {res['step_s']:.3f}s (x{res['step_time_ratio_vs_first']:.3f} of the "
+                 f"first), compile {res['compile_s']:.1f}s" if "step_s" in res else "")
               + (f", MFU {res['mfu']:.1%}" if "mfu" in res else "")
               + (f", sampler {res['sampler_new_tokens_per_s']:.0f} new tok/s"
                  if "sampler_s" in res else ""), flush=True)
