@@ -125,7 +125,7 @@ def bench_sampler(cfg, model, args) -> dict:
     if True:
         n, plen, new = args.sampler
         prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (n, plen)).tolist()
-        sampler = Sampler()
+        sampler = Sampler(unroll_layers=not args.sampler_scan)
         try:
             first = time.perf_counter()
             sampler.generate(model, prompts, new, temperature=1.0, rng=0)
@@ -154,6 +154,8 @@ def main(argv=None) -> dict:
     p.add_argument("--attention", default="einsum", help="attention paths, comma-separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sampler", default="", help="prompts,prompt_len,new_tokens (off if empty)")
+    p.add_argument("--sampler-scan", action="store_true",
+                   help="decode a scanned model with its layers scanned (default: unrolled)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="per device, for MFU")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args(argv)

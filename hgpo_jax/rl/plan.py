@@ -148,9 +148,10 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
 
 
 def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, max_new: int, mesh,
-                            cache_dtype) -> float:
+                            cache_dtype, unroll: bool = True) -> float:
     """Seconds to compile the sampler's prefill and decode programs for `rows` prompts of
-    `prompt_len` tokens and `max_new` new tokens, on abstract weights (nothing runs)."""
+    `prompt_len` tokens and `max_new` new tokens, on abstract weights (nothing runs). unroll: the
+    sampler's `unroll_layers` (a scanned model decodes unrolled by default)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from hgpo_jax.models.sharding import rows_sharding
@@ -166,7 +167,7 @@ def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, ma
                for shape, dtype in (((1,), jnp.int32), ((2,), jnp.uint32), ((), jnp.float32),
                                     ((), jnp.float32), ((), jnp.int32))]
     static = _Static(max_new=new_tokens_bucket(max_new), greedy=False, top_k=0, use_top_p=False,
-                     cache_dtype=resolve_dtype(cache_dtype), mesh=mesh)
+                     cache_dtype=resolve_dtype(cache_dtype), mesh=mesh, unroll_layers=unroll)
     t0 = time.perf_counter()
     Sampler._compile(graphdef, static, (abs_params, *batched, *scalars), mesh, abs_params)
     return time.perf_counter() - t0
