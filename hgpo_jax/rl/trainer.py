@@ -341,7 +341,8 @@ class Trainer(Run):
                         self.logger.log(self.iteration, ev)
                         metrics.update(ev)
                 line = progress_line(self.iteration, t.iterations, metrics)
-                tqdm.write(line) if self.progress else print(line, flush=True)
+                if self.main:
+                    tqdm.write(line) if self.progress else print(line, flush=True)
                 if self.should_save(self.iteration, t.save_every, t.iterations):
                     self.save(self.iteration)
         return history
