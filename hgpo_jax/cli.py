@@ -297,27 +297,54 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except Exception as e:
+        if getattr(args, "multi_process", False):
+            stop_process(args.command, e)
+        if not isinstance(e, (FileNotFoundError, FileExistsError, ValueError)):
+            raise
         print(f"hgpo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        if not getattr(args, "multi_process", False) or type(e).__name__ != "JaxRuntimeError":
-            raise
-        peer_failed(args.command, e)
 
 
-def peer_failed(command: str, error: Exception) -> None:
-    """A collective of a multi-process run failed (a peer died or its link broke): say so and end
-    this process at once with status 1, without the shutdown barrier (which would wait for the
-    dead peer until the heartbeat time-out)."""
+USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
+COLLECTIVE_FAILURES = ("Gloo", "NCCL", "heartbeat", "Connection closed", "Connection reset",
+                       "UNAVAILABLE", "DEADLINE_EXCEEDED")  # in the errors of a failed collective
+
+
+def is_collective_failure(error: Exception) -> bool:
+    """Whether an exception of a multi-process run comes from a collective that could not complete
+    (a peer died, was killed or lost its link); JAX raises these as JaxRuntimeError or, from some
+    host-side paths, as ValueError with the runtime's message."""
     import jax
 
-    print(f"hgpo-jax {command}: error: process {jax.process_index()} of {jax.process_count()}: "
-          "a collective with the other processes failed, most likely because another process "
-          f"died or was killed (see its log); stopping.\n  {type(error).__name__}: "
-          f"{str(error)[:500]}", file=sys.stderr, flush=True)
+    return isinstance(error, jax.errors.JaxRuntimeError) or any(
+        s in str(error) for s in COLLECTIVE_FAILURES)
+
+
+def stop_process(command: str, error: Exception) -> None:
+    """End this process of a multi-process run at once after an error: say what went wrong (a
+    failed collective: most likely another process died) and exit with status 1 (2 for a user
+    error), skipping JAX's shutdown barrier, which would wait for a dead peer until the heartbeat
+    time-out. The other processes then fail their next collective and stop the same way."""
+    import traceback
+
+    import jax
+
+    where = f"hgpo-jax {command}: error: process {jax.process_index()} of {jax.process_count()}"
+    if is_collective_failure(error):
+        print(f"{where}: a collective with the other processes failed, most likely because another "
+              f"process died or was killed (see its log); stopping.\n  {type(error).__name__}: "
+              f"{str(error)[:500]}", file=sys.stderr, flush=True)
+        status = 1
+    elif isinstance(error, USER_ERRORS):
+        print(f"{where}: {error}", file=sys.stderr, flush=True)
+        status = 2
+    else:
+        traceback.print_exc()
+        print(f"{where}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        status = 1
     sys.stdout.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 if __name__ == "__main__":
