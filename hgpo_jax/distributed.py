@@ -87,8 +87,8 @@ def process_share(n: int, what: str = "items") -> tuple[int, int]:
     Raises ValueError when the process count does not divide n."""
     count, index = jax.process_count(), jax.process_index()
     if n % count:
-        raise ValueError(f"{n} {what} cannot be split evenly over {count} processes; make it a "
-                         f"multiple of {count}")
+        raise ValueError(f"{what}={n} cannot be split evenly over {count} processes (each process "
+                         f"runs whole groups of envs); make it a multiple of {count}")
     per = n // count
     return index * per, (index + 1) * per
 

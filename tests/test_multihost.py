@@ -177,3 +177,58 @@ def test_sigterm_to_one_process_saves_and_stops_both_and_a_killed_peer_ends_the_
     assert rc == 1, out
     assert took < 60, (took, out)
     assert "a collective with the other processes failed" in out, out
+
+
+# --------------------------------------------------------------------------- in-process pieces
+def test_groups_split_whole_over_processes_or_a_clear_error(monkeypatch):
+    from hgpo_jax import distributed as dist
+
+    monkeypatch.setattr(dist.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(dist.jax, "process_index", lambda: 1)
+    assert dist.process_share(16, "rollout.num_groups") == (8, 16)
+    monkeypatch.setattr(dist.jax, "process_count", lambda: 3)
+    with pytest.raises(ValueError, match=r"rollout.num_groups=16 .* 3 processes.*multiple of 3"):
+        dist.process_share(16, "rollout.num_groups")
+
+
+def test_partial_distributed_flags_are_refused_before_jax_starts():
+    from hgpo_jax.cli import main
+
+    with pytest.raises(SystemExit):  # argparse: --num-processes needs an int
+        main(["train", "tiny_cpu_toy", "--num-processes", "two"])
+    assert main(["train", "tiny_cpu_toy", "--coordinator", "localhost:1234"]) == 2
+    assert main(["train", "tiny_cpu_toy", "--coordinator", "localhost:1234", "--num-processes",
+                 "2", "--process-id", "2"]) == 2
+
+
+def test_shared_shuffle_keeps_the_generator_in_step_and_each_process_its_rows():
+    from hgpo_jax.rl.batching import minibatch_indices
+
+    rngs = [np.random.default_rng(5) for _ in range(3)]
+    same = minibatch_indices(7, 4, np.random.default_rng(5))
+    assert all(np.array_equal(a, b) for a, b in zip(same, minibatch_indices(7, 4, rngs[0], draw=7)))
+    few = minibatch_indices(3, 4, rngs[1], draw=7)   # a process with fewer rows
+    none = minibatch_indices(0, 4, rngs[2], draw=7)  # one with none
+    assert none == [] and len(few) == 1 and sorted(few[0][few[0] >= 0]) == [0, 1, 2]
+    states = [r.bit_generator.state for r in rngs]
+    assert states[0] == states[1] == states[2]
+
+
+def test_rollout_metrics_of_gathered_summaries_equal_those_of_one_batch():
+    from hgpo_jax.rl.rollout import summary_metrics
+
+    def summary(won, types, lengths, valid, reward, tokens, failed, seconds):
+        return {"episode_won": won, "episode_task_type": types, "episode_length": lengths,
+                "valid": valid, "reward": reward, "response_tokens": tokens,
+                "num_failed": failed, "timing": {"generate": seconds}}
+
+    a = summary([True, False], ["pick", "look"], [2, 1], [True, True, False], [0.0, 1.0, 0.0],
+                [3, 4, 5], 0, 1.0)
+    b = summary([True], ["look"], [2], [True, False], [0.0, 1.0], [6, 7], 1, 2.0)
+    both = summary(*(a[k] + b[k] for k in ("episode_won", "episode_task_type", "episode_length",
+                                            "valid", "reward", "response_tokens")), 1, 2.0)
+    assert summary_metrics([a, b]) == summary_metrics([both])
+    m = summary_metrics([a, b])
+    assert m["success/all"] == pytest.approx(2 / 3) and m["success/look"] == 0.5
+    assert m["rollout/steps"] == 5 and m["rollout/failed_episodes"] == 1
+    assert m["rollout/invalid_action_rate"] == pytest.approx(2 / 5) and m["time/generate"] == 2.0
