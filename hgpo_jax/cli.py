@@ -149,6 +149,8 @@ def cmd_eval(args) -> int:
     from hgpo_jax.rl.trainer import Trainer
     from hgpo_jax.runs import is_run_dir, run_kind
 
+    # before run_kind, which reads checkpoints with JAX
+    say = _printer(start_distributed(args, load_config(args.config, args.overrides)))
     overrides, resume = list(args.overrides), True
     if is_run_dir(args.config) and run_kind(args.config) == "sft":
         # a supervised run: its latest weights, evaluated (and logged) in RUN_DIR/eval
@@ -156,7 +158,6 @@ def cmd_eval(args) -> int:
                      *overrides]
         resume = False
     cfg = load_config(args.config, overrides)
-    say = _printer(start_distributed(args, cfg))
     splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
