@@ -18,6 +18,11 @@
         Build (or load) a Qwen2 checkpoint, greedy-decode a reply to a chat prompt with the
         batched sampler (`hgpo_jax.rl.sampling.generate`, temperature 0), and print it with
         timings. Without --model a tiny random Qwen2 is built locally.
+
+train, eval and sft also run as one job of several processes (one per host, each started with the
+same command; docs/multihost.md): --coordinator HOST:PORT --num-processes N --process-id I, or
+--distributed alone where jax.distributed.initialize() finds the cluster itself (SLURM, TPU pods,
+Open MPI, Kubernetes). Process 0 prints and writes the metrics.
 """
 
 from __future__ import annotations
@@ -76,22 +81,49 @@ def _summary(history: list[dict], start: int = 0) -> str:
     return "\n".join(lines)
 
 
+def start_distributed(args, cfg) -> bool:
+    """Join the multi-process job the command line asks for (--coordinator/--num-processes/
+    --process-id, or --distributed), with the config's time-outs; returns whether this is
+    process 0 (the one that prints). Before anything starts JAX's backends."""
+    from hgpo_jax.distributed import DistributedArgs, init_distributed
+
+    dist_args = DistributedArgs(args.coordinator, args.num_processes, args.process_id,
+                                args.distributed)
+    args.multi_process = init_distributed(dist_args, heartbeat_timeout_s=cfg.dist.heartbeat_timeout_s,
+                                          init_timeout_s=cfg.dist.init_timeout_s)
+    if not args.multi_process:
+        return True
+    import jax
+
+    if jax.process_index() == 0:
+        print(f"{jax.process_count()} processes, {jax.device_count()} devices "
+              f"({jax.local_device_count()} per process, {jax.devices()[0].platform})", flush=True)
+    return jax.process_index() == 0
+
+
+def _printer(main: bool):
+    """print on process 0, nothing elsewhere."""
+    return print if main else (lambda *a, **k: None)
+
+
 def cmd_train(args) -> int:
     from hgpo_jax.config import format_config, load_config
     from hgpo_jax.rl.trainer import Trainer
 
     cfg = load_config(args.config, args.overrides)
-    print(format_config(cfg), flush=True)
+    say = _printer(start_distributed(args, cfg))
+    say(format_config(cfg), flush=True)
     with Trainer(cfg, resume=args.resume, progress=not args.no_progress) as trainer:
         start = trainer.iteration
         if args.resume:
-            print(f"resuming {trainer.run_dir} at iteration {start}", flush=True)
+            say(f"resuming {trainer.run_dir} at iteration {start}", flush=True)
         history = trainer.train()
-        print(f"\n{cfg.name}: iterations {start + 1}..{trainer.iteration} "
-              f"(run folder {trainer.run_dir})")
+        say(f"\n{cfg.name}: iterations {start + 1}..{trainer.iteration} "
+            f"(run folder {trainer.run_dir})")
         if history:
-            print(_summary(history, start))
-        report_learning(trainer)
+            say(_summary(history, start))
+        if trainer.main:
+            report_learning(trainer)
     return 0
 
 
@@ -117,6 +149,8 @@ def cmd_eval(args) -> int:
     from hgpo_jax.rl.trainer import Trainer
     from hgpo_jax.runs import is_run_dir, run_kind
 
+    # before run_kind, which reads checkpoints with JAX
+    say = _printer(start_distributed(args, load_config(args.config, args.overrides)))
     overrides, resume = list(args.overrides), True
     if is_run_dir(args.config) and run_kind(args.config) == "sft":
         # a supervised run: its latest weights, evaluated (and logged) in RUN_DIR/eval
@@ -129,14 +163,14 @@ def cmd_eval(args) -> int:
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
            if e.protocol == "verl-agent" else "each game once")
     with Trainer(cfg, resume=resume, progress=not args.no_progress) as trainer:
-        print(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
-              f"({how}), temperature {e.temperature}", flush=True)
+        say(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
+            f"({how}), temperature {e.temperature}", flush=True)
         results = {}
         for split in splits:
             results.update(trainer.evaluate(split, args.games or None))
         trainer.logger.log(trainer.iteration, results)
     for k, v in results.items():
-        print(f"  {k:<60} {v:.4f}")
+        say(f"  {k:<60} {v:.4f}")
     return 0
 
 
@@ -145,23 +179,24 @@ def cmd_sft(args) -> int:
     from hgpo_jax.sft.trainer import SftTrainer
 
     cfg = load_config(args.config, args.overrides)
-    print(format_config(cfg), flush=True)
+    say = _printer(start_distributed(args, cfg))
+    say(format_config(cfg), flush=True)
     with SftTrainer(cfg, resume=args.resume, progress=not args.no_progress) as trainer:
         start = trainer.step
         info = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in trainer.data_info.items())
-        print(f"supervised data: {info}", flush=True)
+        say(f"supervised data: {info}", flush=True)
         if args.resume:
-            print(f"resuming {trainer.run_dir} at step {start}", flush=True)
+            say(f"resuming {trainer.run_dir} at step {start}", flush=True)
         before = trainer.heldout_nll() if start == 0 else float("nan")
         history = trainer.train()
-        print(f"\n{cfg.name}: steps {start + 1}..{trainer.step} (run folder {trainer.run_dir})")
+        say(f"\n{cfg.name}: steps {start + 1}..{trainer.step} (run folder {trainer.run_dir})")
         evals = [(start + i + 1, m) for i, m in enumerate(history) if "heldout/nll" in m]
         if start == 0:
-            print(f"  held-out NLL per response token: {before:.4f} before training")
+            say(f"  held-out NLL per response token: {before:.4f} before training")
         for step, m in evals:
-            print(f"  step {step:>6}: train NLL {m['train/nll']:.4f}, held-out NLL {m['heldout/nll']:.4f}")
-        print(f"start an RL run from it with model.path={trainer.run_dir}")
+            say(f"  step {step:>6}: train NLL {m['train/nll']:.4f}, held-out NLL {m['heldout/nll']:.4f}")
+        say(f"start an RL run from it with model.path={trainer.run_dir}")
     return 0
 
 
@@ -195,6 +230,18 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _add_dist_flags(p) -> None:
+    """The multi-process flags of train, eval and sft (docs/multihost.md)."""
+    g = p.add_argument_group("multi-process (one process per host; docs/multihost.md)")
+    g.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="address of process 0's coordination service (same on every process)")
+    g.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
+    g.add_argument("--distributed", action="store_true",
+                   help="let jax.distributed.initialize() detect the cluster (SLURM, TPU, Open "
+                        "MPI, Kubernetes); the flags above, where given, take precedence")
+
+
 def _add_run_command(sub, name: str, help: str, example: str, func) -> None:
     """A command that starts or resumes a run from a config (train, sft)."""
     p = sub.add_parser(name, help=help)
@@ -202,6 +249,7 @@ def _add_run_command(sub, name: str, help: str, example: str, func) -> None:
     p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example}")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_dist_flags(p)
     p.set_defaults(func=func)
 
 
@@ -217,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--games", type=int, default=0,
                     help="each-once protocol: games per split (0: eval.games)")
     ev.add_argument("--no-progress", action="store_true")
+    _add_dist_flags(ev)
     ev.set_defaults(func=cmd_eval)
     _add_run_command(sub, "sft", "supervised warm start on expert episodes or a JSONL", "sft.steps=100",
                      cmd_sft)
@@ -254,9 +303,54 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except Exception as e:
+        if getattr(args, "multi_process", False):
+            stop_process(args.command, e)
+        if not isinstance(e, (FileNotFoundError, FileExistsError, ValueError)):
+            raise
         print(f"hgpo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
+COLLECTIVE_FAILURES = ("Gloo", "NCCL", "heartbeat", "Connection closed", "Connection reset",
+                       "UNAVAILABLE", "DEADLINE_EXCEEDED")  # in the errors of a failed collective
+
+
+def is_collective_failure(error: Exception) -> bool:
+    """Whether an exception of a multi-process run comes from a collective that could not complete
+    (a peer died, was killed or lost its link); JAX raises these as JaxRuntimeError or, from some
+    host-side paths, as ValueError with the runtime's message."""
+    import jax
+
+    return isinstance(error, jax.errors.JaxRuntimeError) or any(
+        s in str(error) for s in COLLECTIVE_FAILURES)
+
+
+def stop_process(command: str, error: Exception) -> None:
+    """End this process of a multi-process run at once after an error: say what went wrong (a
+    failed collective: most likely another process died) and exit with status 1 (2 for a user
+    error), skipping JAX's shutdown barrier, which would wait for a dead peer until the heartbeat
+    time-out. The other processes then fail their next collective and stop the same way."""
+    import traceback
+
+    import jax
+
+    where = f"hgpo-jax {command}: error: process {jax.process_index()} of {jax.process_count()}"
+    if is_collective_failure(error):
+        print(f"{where}: a collective with the other processes failed, most likely because another "
+              f"process died or was killed (see its log); stopping.\n  {type(error).__name__}: "
+              f"{str(error)[:500]}", file=sys.stderr, flush=True)
+        status = 1
+    elif isinstance(error, USER_ERRORS):
+        print(f"{where}: {error}", file=sys.stderr, flush=True)
+        status = 2
+    else:
+        traceback.print_exc()
+        print(f"{where}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        status = 1
+    sys.stdout.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

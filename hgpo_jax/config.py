@@ -183,6 +183,14 @@ class MeshConfig:
 
 
 @dataclass
+class DistConfig:
+    """Multi-process runs (docs/multihost.md); who joins is given on the command line."""
+
+    heartbeat_timeout_s: int = 100  # a process silent this long counts as dead: the job stops with an error
+    init_timeout_s: int = 300  # seconds to wait for every process to join at start-up
+
+
+@dataclass
 class Config:
     """A whole run. Defaults: the paper's ALFWorld Qwen2.5-1.5B-Instruct HGPO K=2 run."""
 
@@ -196,6 +204,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
     sft: SftConfig = field(default_factory=SftConfig)  # supervised warm start
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
+    dist: DistConfig = field(default_factory=DistConfig)  # multi-process time-outs
 
     def run_path(self) -> str:
         """`train.run_dir` with `{name}` replaced by `name`."""
@@ -744,6 +753,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if sum(n == -1 for n in sizes.values()) > 1:
         p.append(f"mesh: at most one axis may be -1 (all remaining devices), got {sizes}; "
                  "give the others explicit sizes")
+    at_least("dist.heartbeat_timeout_s", cfg.dist.heartbeat_timeout_s, 1)
+    at_least("dist.init_timeout_s", cfg.dist.init_timeout_s, 1)
     return p
 
 
@@ -762,7 +773,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
+    "AlgoConfig", "Config", "ConfigError", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
     "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
     "resolve_config_path", "save_config", "sft_micro_batch_size",

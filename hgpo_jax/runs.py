@@ -20,6 +20,7 @@ import signal
 import jax
 from flax import nnx
 
+from hgpo_jax import distributed as dist
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.local import resolve_model_path
 from hgpo_jax.models.qwen2 import relayout_layers
@@ -125,6 +126,32 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
     return model, tokenizer, base
 
 
+def check_process_mesh(mesh, mesh_cfg) -> None:
+    """With several processes the mesh must hold every device (each process feeds its own rows),
+    and a row shard may not span processes. Raises ValueError saying which mesh setting to change."""
+    if jax.process_count() == 1:
+        return
+    if mesh.devices.size != jax.device_count():
+        raise ValueError(
+            f"mesh data={mesh_cfg.data} fsdp={mesh_cfg.fsdp} tensor={mesh_cfg.tensor} uses "
+            f"{mesh.devices.size} of the {jax.device_count()} devices of {jax.process_count()} "
+            "processes; a multi-process run needs a mesh over all of them (set mesh.data=-1)")
+    dist.check_rows_local(mesh)
+
+
+class NullLogger:
+    """The metrics logger of processes other than 0: writes nothing."""
+
+    run_dir = None
+    tb_dir = None
+
+    def log(self, step: int, metrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Run:
     """A run folder with its model, optimizer, checkpoints and metrics.
 
@@ -140,12 +167,9 @@ class Run:
         from hgpo_jax.config import save_config
         from hgpo_jax.metrics import MetricsLogger
 
-        if jax.process_count() > 1:
-            raise RuntimeError(
-                f"this run has {jax.process_count()} JAX processes, but the trainer feeds rollouts "
-                "and mini-batches from one process (multi-host data loading is not implemented "
-                "yet); run one process per job: its mesh may span all of that host's devices")
-        self.cfg, self.progress = cfg, progress
+        self.cfg = cfg
+        self.main = dist.is_main()  # process 0 writes the run folder's files, metrics and progress
+        self.progress = progress and self.main
         self.run_dir = cfg.run_path()
         if os.path.abspath(self.run_dir) == os.path.abspath(cfg.model.path):
             raise ValueError(f"model.path {cfg.model.path!r} is this run's own folder; start from "
@@ -154,31 +178,38 @@ class Run:
         if found not in (None, self.kind):
             raise ValueError(f"{self.run_dir} holds {RUN_KINDS[found]}, not {RUN_KINDS[self.kind]}; "
                              f"start a new run from it with model.path={self.run_dir}")
-        os.makedirs(self.run_dir, exist_ok=True)
         ckpt_dir = os.path.join(self.run_dir, CHECKPOINTS)
         if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise FileExistsError(f"{self.run_dir} already has checkpoints; pass --resume to "
                                   "continue it, or choose another name=/train.run_dir=")
-        save_config(cfg, os.path.join(self.run_dir, RUN_CONFIG))
+        if self.main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            save_config(cfg, os.path.join(self.run_dir, RUN_CONFIG))
 
         t = cfg.train
         self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
         self.dp = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        check_process_mesh(self.mesh, cfg.mesh)
         if t.micro_batch_size % self.dp:
             raise ValueError(f"train.micro_batch_size={t.micro_batch_size} must be a multiple of "
                              f"the data-parallel size {self.dp} (mesh data x fsdp)")
+        if jax.process_count() > 1:  # a model built on first use (model.path=tiny, build:...) is built once
+            if self.main:
+                model_folder(cfg.model.path)
+            dist.barrier("hgpo_jax model folder")
         model, self.tokenizer, self.model_dir = load_model(
-            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, progress,
+            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, self.progress,
             scan_layers=cfg.model.scan_layers, attention=cfg.model.attention)
-        with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
-            json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
+        if self.main:
+            with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
+                json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
         self.graphdef, self.params = nnx.split(model, nnx.Param)
         self.shardings = param_shardings(self.mesh, self.params)
         self.tx = build_optimizer(cfg, max(1, math.ceil(total_updates)))
         self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, self.mesh)
         self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
-        self.logger = MetricsLogger(self.run_dir)
+        self.logger = MetricsLogger(self.run_dir) if self.main else NullLogger()
         self._stop = False
 
     # ------------------------------------------------------------------ the loop's frame
@@ -197,6 +228,12 @@ class Run:
 
     @property
     def stopping(self) -> bool:
+        return self._stop
+
+    def agree_stop(self) -> bool:
+        """After each step: stop on every process when any of them got SIGTERM (all save
+        together); returns `stopping`. One process: no collective."""
+        self._stop = dist.any_process(self._stop)
         return self._stop
 
     def should_save(self, step: int, every: int, last: int) -> bool:

@@ -76,7 +76,7 @@ def test_allowed_values_come_from_the_consumers():
 
 def test_format_config_is_compact_and_complete():
     text = format_config(Config())
-    assert text.count("\n") == 9  # a title and one line per section
+    assert text.count("\n") == 10  # a title and one line per section (10 sections)
     assert "estimator=hgpo" in text and "lr=1e-06" in text and "splits=[valid_seen,valid_unseen]" in text
 
 

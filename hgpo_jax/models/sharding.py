@@ -33,12 +33,15 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes, each
+    process's devices contiguous, so that each process holds a contiguous block of the batch
+    axes: see hgpo_jax.distributed).
 
     Use -1 for at most one axis to take the remaining devices. A mesh smaller than the device
     list uses its first data*fsdp*tensor devices (e.g. a 1x1x1 mesh on an 8-GPU host).
     """
-    devices = list(jax.devices() if devices is None else devices)
+    devices = list(sorted(jax.devices(), key=lambda d: d.process_index) if devices is None
+                   else devices)
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
         raise ValueError(f"mesh sizes {sizes}: at most one axis may be -1")

@@ -42,18 +42,33 @@ def bucket_length(n: int, multiple: int = 64) -> int:
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
 
 
+def packed_shape(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], *,
+                 row_multiple: int = 1, length_multiple: int = 64) -> tuple[int, int]:
+    """(S, L) of `pack_rows` for these rows: rows padded to a multiple of `row_multiple` (at least
+    one multiple), the longest prompt + response bucketed to a multiple of `length_multiple`."""
+    n = len(prompt_ids)
+    L = bucket_length(max((len(p) + len(r) for p, r in zip(prompt_ids, response_ids)), default=1),
+                      length_multiple)
+    return max(row_multiple, int(math.ceil(max(n, 1) / row_multiple)) * row_multiple), L
+
+
 def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
               advantages: Sequence[float], sample_logp: Sequence[Sequence[float]] | None = None, *,
-              pad_id: int = 0, row_multiple: int = 1, length_multiple: int = 64) -> TrainBatch:
-    """Rows -> TrainBatch. Rows are right-padded; S is padded to a multiple of `row_multiple`."""
+              pad_id: int = 0, row_multiple: int = 1, length_multiple: int = 64,
+              shape: tuple[int, int] | None = None) -> TrainBatch:
+    """Rows -> TrainBatch. Rows are right-padded; S is padded to a multiple of `row_multiple`.
+    shape: a larger (S, L) to pad to (every process of a multi-process run packs to the largest
+    `packed_shape` of all); default `packed_shape`."""
     n = len(prompt_ids)
     if not (len(response_ids) == len(advantages) == n) or (sample_logp is not None and len(sample_logp) != n):
         raise ValueError(f"pack_rows: {n} prompts, {len(response_ids)} responses, "
                          f"{len(advantages)} advantages"
                          + ("" if sample_logp is None else f", {len(sample_logp)} log-prob rows"))
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-    L = bucket_length(max(lengths, default=1), length_multiple)
-    S = max(row_multiple, int(math.ceil(max(n, 1) / row_multiple)) * row_multiple)
+    need = packed_shape(prompt_ids, response_ids, row_multiple=row_multiple,
+                        length_multiple=length_multiple)
+    S, L = need if shape is None else shape
+    if S < need[0] or L < need[1]:
+        raise ValueError(f"pack_rows: shape {shape} is smaller than the rows need {need}")
     ids = np.full((S, L), pad_id, np.int32)
     attn = np.zeros((S, L), np.int32)
     resp = np.zeros((S, L), np.float32)
@@ -75,13 +90,23 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequen
     return TrainBatch(ids, attn, resp, adv, logp, num_rows=n)
 
 
-def minibatch_indices(num_rows: int, mini_batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+def minibatch_indices(num_rows: int, mini_batch_size: int, rng: np.random.Generator,
+                      draw: int | None = None) -> list[np.ndarray]:
     """Shuffle rows [0, num_rows) and split into mini-batches of exactly `mini_batch_size` int
     indices; the last one is padded with -1 (inert rows: see `gather_rows`), so every update has
-    the same shape and no row counts twice."""
+    the same shape and no row counts twice.
+
+    draw: shuffle a permutation of range(draw) >= num_rows and keep the indices below num_rows
+    (default num_rows). Processes of a multi-process run pass the same `draw` (the most rows any
+    of them has), so their shared `rng` stays in step whatever their own row counts."""
+    draw = num_rows if draw is None else max(draw, num_rows)
+    if draw <= 0:
+        return []
+    perm = rng.permutation(draw)
+    if draw > num_rows:
+        perm = perm[perm < num_rows]
     if num_rows <= 0:
         return []
-    perm = rng.permutation(num_rows)
     count = int(math.ceil(num_rows / mini_batch_size))
     perm = np.concatenate([perm, np.full(count * mini_batch_size - num_rows, -1, perm.dtype)])
     return [perm[i * mini_batch_size:(i + 1) * mini_batch_size] for i in range(count)]

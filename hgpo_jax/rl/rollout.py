@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from hgpo_jax.distributed import allgather_json, any_process
 from hgpo_jax.envs.prompts import (ALFWORLD_INTRO, PROJECTIONS, Turn, build_prompt,
                                    project_action, success_rates)
 
@@ -94,21 +95,44 @@ class RolloutBatch:
 
     def metrics(self) -> dict[str, float]:
         """Success overall and per task type, invalid-action rate, lengths, failures."""
-        out = {f"success/{k}": v for k, v in
-               success_rates(self.episode_task_type, self.episode_won).items()}
-        n = max(len(self), 1)
-        out.update({
-            "rollout/invalid_action_rate": float(1.0 - self.valid.sum() / n) if len(self) else 0.0,
-            "rollout/mean_episode_length": float(self.episode_length.mean())
-            if len(self.episode_length) else 0.0,
-            "rollout/mean_step_reward": float(self.reward.mean()) if len(self) else 0.0,
-            "rollout/steps": float(len(self)),
-            "rollout/episodes": float(len(self.episode_traj)),
-            "rollout/failed_episodes": float(self.num_failed),
-            "rollout/response_tokens": float(sum(map(len, self.response_ids))),
-        })
-        out.update({f"time/{k}": v for k, v in self.timing.items()})
-        return out
+        return summary_metrics([self.summary()])
+
+    def summary(self) -> dict:
+        """What `metrics` needs, as JSON-able columns (gathered from every process of a
+        multi-process run and merged with `summary_metrics`)."""
+        return {"episode_task_type": list(self.episode_task_type),
+                "episode_won": self.episode_won.tolist(),
+                "episode_length": self.episode_length.tolist(), "valid": self.valid.tolist(),
+                "reward": self.reward.tolist(),
+                "response_tokens": [len(r) for r in self.response_ids],
+                "num_failed": self.num_failed, "timing": dict(self.timing)}
+
+
+def summary_metrics(summaries: list[dict]) -> dict[str, float]:
+    """Rollout metrics of the rows of several `RolloutBatch.summary()`s together (one per process):
+    success overall and per task type, invalid-action rate, lengths, failures; time/* is the
+    slowest summary's."""
+    def cat(key, dtype):
+        return np.asarray([v for s in summaries for v in s[key]], dtype)
+
+    types = [t for s in summaries for t in s["episode_task_type"]]
+    won, length = cat("episode_won", bool), cat("episode_length", np.int64)
+    valid, reward = cat("valid", bool), cat("reward", np.float64)
+    rows = len(valid)
+    out = {f"success/{k}": v for k, v in success_rates(types, won).items()}
+    n = max(rows, 1)
+    out.update({
+        "rollout/invalid_action_rate": float(1.0 - valid.sum() / n) if rows else 0.0,
+        "rollout/mean_episode_length": float(length.mean()) if len(length) else 0.0,
+        "rollout/mean_step_reward": float(reward.mean()) if rows else 0.0,
+        "rollout/steps": float(rows),
+        "rollout/episodes": float(len(won)),
+        "rollout/failed_episodes": float(sum(s["num_failed"] for s in summaries)),
+        "rollout/response_tokens": float(sum(sum(s["response_tokens"]) for s in summaries)),
+    })
+    for k in summaries[0]["timing"]:
+        out[f"time/{k}"] = max(s["timing"][k] for s in summaries)
+    return out
 
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
@@ -117,7 +141,9 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
-    sampling (split per step). projection: the `project_action` rules (one of PROJECTIONS).
+    sampling (split per step). In a multi-process run every process calls this at once for its
+    own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
+    of them, and generate as one batch over the mesh. projection: the `project_action` rules (one of PROJECTIONS).
     Returns a RolloutBatch; see the module docstring.
     """
     import jax
@@ -149,7 +175,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
         active = [i for i in range(num_envs) if running[i]]
-        if not active:
+        # processes sample together (one SPMD program): one with no env left still takes part
+        if not any_process(bool(active)):
             break
         prompts = [policy.encode_prompt(build_prompt(
             task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len,
@@ -218,23 +245,29 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
     success overall ('all') and per task type, plus the number of episodes and failures.
 
     Use the paper's eval temperature (0.4) in `policy`. Episodes lost to env failures are
-    reported in 'failed' and left out of the rates.
+    reported in 'failed' and left out of the rates. In a multi-process run every process calls
+    this with the same tasks and its own pool: each chunk of (pool size x processes) tasks is split
+    over the processes, and every process returns the rates of all the episodes.
     """
     import jax
 
     n = env_pool.num_envs
+    n_all, lo = n * jax.process_count(), n * jax.process_index()
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
     won, types, failed = [], [], 0
-    for start in tqdm(range(0, len(tasks), n), desc="evaluate", unit="batch", disable=not progress):
-        chunk = list(tasks[start:start + n])
+    for start in tqdm(range(0, len(tasks), n_all), desc="evaluate", unit="batch", disable=not progress):
+        chunk = list(tasks[start:start + n_all])
         real = len(chunk)
-        chunk += [chunk[-1]] * (n - real)  # fill the pool; the padding's results are ignored
+        chunk += [chunk[-1]] * (n_all - real)  # fill the pools; the padding's results are ignored
         key, sub = jax.random.split(key)
-        batch = collect_rollouts(policy, env_pool, chunk, 1, max_steps, memory_len, rng=sub,
-                                 intro=intro, projection=projection)
-        kept = set(batch.episode_traj.tolist())
+        batch = collect_rollouts(policy, env_pool, chunk[lo:lo + n], 1, max_steps, memory_len,
+                                 rng=sub, intro=intro, projection=projection)
+        episodes = [e for part in allgather_json(
+            [[lo + int(i), bool(w), t] for i, w, t in
+             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type)]) for e in part]
+        kept = {i for i, _, _ in episodes}
         failed += sum(1 for i in range(real) if i not in kept)
-        for i, w, t in zip(batch.episode_traj, batch.episode_won, batch.episode_task_type):
+        for i, w, t in episodes:
             if i < real:
                 won.append(bool(w))
                 types.append(t)

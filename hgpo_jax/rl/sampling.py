@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from hgpo_jax.distributed import local_rows, max_over_processes
 from hgpo_jax.models.qwen2 import KVCache, relayout_layers
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
@@ -383,6 +384,13 @@ def params_mesh(state):
     return None
 
 
+def _mesh_processes(mesh) -> int:
+    """How many processes own devices of `mesh` (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    return len({d.process_index for d in mesh.devices.flat})
+
+
 def _state_signature(state) -> tuple:
     leaves, treedef = jax.tree.flatten(state)
     return treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves)
@@ -427,14 +435,21 @@ class Sampler:
         """See the module-level `generate`."""
         prompts = [list(map(int, p)) for p in prompts]
         _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k)
-        if not prompts:
+        if not prompts and jax.process_count() == 1:
             return GenerateOutput([], [], [], self.num_compiles, 0.0)
 
         graphdef, state = nnx.split(model)
         mesh = mesh if mesh is not None else params_mesh(state)
+        procs = _mesh_processes(mesh)
+        if not prompts and procs == 1:
+            return GenerateOutput([], [], [], self.num_compiles, 0.0)
         dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
-        B = batch_bucket(len(prompts), dp)
-        Pn = prompt_bucket(max(len(p) for p in prompts))
+        # several processes: one batch over the mesh, each process's prompts in its own block of
+        # B / procs rows, and the buckets agreed (the largest any process needs)
+        rows, longest = max_over_processes(len(prompts), max(map(len, prompts), default=1)) \
+            if procs > 1 else (len(prompts), max(len(p) for p in prompts))
+        B = batch_bucket(rows, dp // procs) * procs
+        Pn = prompt_bucket(longest)
         greedy = temperature == 0
         vocab = model.config.vocab_size
         static = _Static(
@@ -443,13 +458,13 @@ class Sampler:
             use_top_p=not greedy and top_p < 1.0, cache_dtype=jnp.dtype(model.dtype),
             mesh=mesh, unroll_layers=self.unroll_layers)
 
-        ids, mask, valid = left_pad(prompts, B, Pn)
+        ids, mask, valid = left_pad(prompts, B // procs, Pn)
         eos = _eos_array(eos_token_id)
         scalars = (_raw_key(rng), np.float32(temperature if not greedy else 1.0),
                    np.float32(top_p), np.int32(max_new_tokens))
         args = (state, *self._place((ids, mask, valid), (eos, *scalars), mesh, state))
 
-        key = (graphdef, _state_signature(state), ids.shape, eos.shape, static)
+        key = (graphdef, _state_signature(state), (B, Pn), eos.shape, static)
         programs = self._programs.get(key)
         compile_s = 0.0
         if programs is None:
@@ -461,7 +476,7 @@ class Sampler:
 
         prefill, decode = programs
         carry = prefill(*_prefill_args(args))
-        toks, lps, mlps, lengths = jax.device_get(decode(*_decode_args(args, carry)))
+        toks, lps, mlps, lengths = (local_rows(x, mesh) for x in decode(*_decode_args(args, carry)))
         n = len(prompts)
         return GenerateOutput(
             tokens=[toks[r, :lengths[r]].tolist() for r in range(n)],
@@ -493,8 +508,11 @@ class Sampler:
             put = lambda x: jax.device_put(x, device)  # noqa: E731
             return tuple(map(put, batched)) + tuple(map(put, replicated))
         out = []
-        for x in batched:
-            out.append(jax.device_put(x, rows_sharding(mesh, x.shape)))
+        procs = _mesh_processes(mesh)
+        for x in batched:  # x: this process's rows (all of them with one process)
+            shape = (x.shape[0] * procs, *x.shape[1:])
+            out.append(jax.device_put(x, rows_sharding(mesh, shape)) if procs == 1 else
+                       jax.make_array_from_process_local_data(rows_sharding(mesh, shape), x, shape))
         rep = NamedSharding(mesh, P())
         out.extend(jax.device_put(jnp.asarray(x), rep) for x in replicated)
         return tuple(out)

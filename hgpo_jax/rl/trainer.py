@@ -25,12 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from hgpo_jax import distributed as dist
 from hgpo_jax.envs.toy import TOY_INTRO
 from hgpo_jax.rl.advantages import compute_step_advantages
-from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows
+from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows, packed_shape
 from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.ppo import LossConfig, make_logprob_fn, make_train_step
-from hgpo_jax.rl.rollout import Policy, collect_rollouts
+from hgpo_jax.rl.ppo import PPO_BATCH, LossConfig, batch_sharding, make_logprob_fn, make_train_step
+from hgpo_jax.rl.rollout import Policy, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
 
@@ -138,6 +139,23 @@ class TaskSampler:
         self.rng.bit_generator.state = state["rng"]
 
 
+def row_statistics(parts: list[dict]) -> tuple[dict[str, float], float]:
+    """(metrics, tokens): the per-row statistics of an iteration over all processes. parts: one dict per process,
+    {"rows": n, "adv": [sum, sum of squares], "tokens": t, "logp_gap": [sum, count],
+    "row_means": {metric: mean over its rows}}; row means are weighted by rows."""
+    rows = sum(p["rows"] for p in parts)
+    adv_sum, adv_sq = (sum(p["adv"][i] for p in parts) for i in (0, 1))
+    mean = adv_sum / max(rows, 1)
+    gap, count = (sum(p["logp_gap"][i] for p in parts) for i in (0, 1))
+    out = {"train/mean_advantage": mean,
+           "train/std_advantage": math.sqrt(max(adv_sq / max(rows, 1) - mean * mean, 0.0)),
+           "train/rollout_vs_policy_logp_gap": gap / max(count, 1)}
+    for key in sorted({k for p in parts for k in p["row_means"]}):
+        held = [(p["rows"], p["row_means"][key]) for p in parts if key in p["row_means"]]
+        out[key] = sum(n * v for n, v in held) / max(sum(n for n, _ in held), 1)
+    return out, float(sum(p["tokens"] for p in parts))
+
+
 def _mean_metrics(records: list[dict]) -> dict[str, float]:
     sums, counts = defaultdict(float), defaultdict(int)
     for r in records:
@@ -157,6 +175,10 @@ class Trainer(Run):
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates)
+        # whole groups per process (group statistics never need another process's envs)
+        self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
+        self.procs = jax.process_count()
+        self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in PPO_BATCH.items()}
         self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
         self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
                                           t.mini_batch_size // t.micro_batch_size, self.mesh,
@@ -178,7 +200,8 @@ class Trainer(Run):
             from hgpo_jax.envs.pool import EnvPool
 
             r, e = self.cfg.rollout, self.cfg.env
-            self._pool = EnvPool(make_env_fn(e), num_envs=r.num_groups * r.group_size,
+            lo, hi = self.groups  # this process's groups
+            self._pool = EnvPool(make_env_fn(e), num_envs=(hi - lo) * r.group_size,
                                  num_workers=e.num_workers, step_timeout=e.step_timeout,
                                  reset_timeout=e.reset_timeout)
         return self._pool
@@ -202,52 +225,80 @@ class Trainer(Run):
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self) -> dict[str, float]:
+        """One iteration; in a multi-process run every process runs it at once on its own groups
+        (`self.groups`) and returns the same, global metrics."""
         cfg, t0 = self.cfg, time.perf_counter()
         r, a, t = cfg.rollout, cfg.algo, cfg.train
+        multi = self.procs > 1
         self.key, rollout_key = jax.random.split(self.key)
-        tasks = self.sampler.next(r.num_groups)
+        lo, hi = self.groups
+        tasks = self.sampler.next(r.num_groups)[lo:hi]
         batch = collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
                                  cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
                                  intro=env_intro(cfg.env), projection=cfg.env.projection,
                                  progress=self.progress)
         t_rollout = time.perf_counter()
-        metrics = batch.metrics()
-        if len(batch) == 0:
+        metrics = summary_metrics(dist.allgather_json(batch.summary())) if multi else batch.metrics()
+        if metrics["rollout/steps"] == 0:
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
 
         columns = (batch.task_id, batch.traj_id, batch.step_id, batch.anchor, batch.reward)
-        adv = compute_step_advantages(a.estimator, *columns, valid=batch.valid, **advantage_options(a))
-        if t.diagnostics:
-            metrics.update(diagnostic_metrics(columns, batch.valid, a))
-        for k, frac in enumerate(hierarchy_stats(batch.task_id, batch.traj_id, batch.step_id,
-                                                 batch.anchor, K=a.K)):
-            metrics[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
-        metrics["train/mean_advantage"] = float(adv.mean())
-        metrics["train/std_advantage"] = float(adv.std())
+        row_means = {}  # this process's per-row statistics (reduced over processes below)
+        if len(batch):
+            adv = compute_step_advantages(a.estimator, *columns, valid=batch.valid,
+                                          **advantage_options(a))
+            if t.diagnostics:
+                row_means.update(diagnostic_metrics(columns, batch.valid, a))
+            for k, frac in enumerate(hierarchy_stats(batch.task_id, batch.traj_id, batch.step_id,
+                                                     batch.anchor, K=a.K)):
+                row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
+        else:  # a process whose envs all failed still takes part, with inert rows only
+            adv = np.zeros((0,), np.float32)
+        if not multi:
+            metrics.update(row_means)
+            metrics["train/mean_advantage"] = float(adv.mean())
+            metrics["train/std_advantage"] = float(adv.std())
         t_adv = time.perf_counter()
 
+        # every process packs to the same [S, L] and feeds S / P rows of each global batch
+        row_multiple = t.micro_batch_size // self.procs
+        shape = dist.max_over_processes(*packed_shape(
+            batch.prompt_ids, batch.response_ids, row_multiple=row_multiple,
+            length_multiple=t.pad_multiple))
         packed = pack_rows(batch.prompt_ids, batch.response_ids, adv, batch.sample_logp,
-                           pad_id=self.tokenizer.pad_token_id, row_multiple=t.micro_batch_size,
-                           length_multiple=t.pad_multiple)
+                           pad_id=self.tokenizer.pad_token_id, row_multiple=row_multiple,
+                           length_multiple=t.pad_multiple, shape=shape)
         arrays = packed.arrays()
         arrays["old_logp"] = self._logprobs(self.params, arrays)
         arrays["ref_logp"] = self._logprobs(self.ref_params, arrays)
         mask = arrays["response_mask"]
-        metrics["train/rollout_vs_policy_logp_gap"] = float(
-            np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum() / max(mask.sum(), 1))
+        gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
+        if not multi:
+            metrics["train/rollout_vs_policy_logp_gap"] = float(gap / max(mask.sum(), 1))
         t_logp = time.perf_counter()
 
         records = []
+        mini = t.mini_batch_size // self.procs
+        draw = dist.max_over_processes(packed.num_rows)[0]
         for _ in range(t.ppo_epochs):
-            for idx in minibatch_indices(packed.num_rows, t.mini_batch_size, self.np_rng):
+            batches = minibatch_indices(packed.num_rows, mini, self.np_rng, draw=draw)
+            count = dist.max_over_processes(len(batches))[0]
+            batches += [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
+            for idx in batches:
                 mb = gather_rows({k: v for k, v in arrays.items() if k != "sample_logp"}, idx)
+                mb = dist.global_tree(mb, self.mb_shardings)
                 self.params, self.opt_state, m = self.train_step(self.params, self.opt_state, mb)
                 records.append(jax.device_get(m))
         metrics.update(_mean_metrics(records))
         metrics["train/updates"] = float(len(records))
         t_end = time.perf_counter()
         tokens = float(packed.attention_mask.sum())
+        if multi:
+            stats, tokens = row_statistics(dist.allgather_json({
+                "rows": len(batch), "adv": [float(adv.sum()), float(np.square(adv).sum())],
+                "tokens": tokens, "logp_gap": [float(gap), float(mask.sum())], "row_means": row_means}))
+            metrics.update(stats)
         metrics.update({"time/rollout": t_rollout - t0, "time/advantages": t_adv - t_rollout,
                         "time/logprobs": t_logp - t_adv, "time/update": t_end - t_logp,
                         "time/iteration": t_end - t0,
@@ -257,10 +308,13 @@ class Trainer(Run):
         return metrics
 
     def _logprobs(self, params, arrays) -> np.ndarray:
-        """Token log-probs of all rows, `micro_batch_size` rows per call (bounded memory)."""
-        mb = self.cfg.train.micro_batch_size
+        """Token log-probs of all rows, `micro_batch_size` rows per call (bounded memory; each
+        process feeds its share of every call)."""
+        mb = self.cfg.train.micro_batch_size // self.procs
         ids, att = arrays["input_ids"], arrays["attention_mask"]
-        out = [np.asarray(self.logprob_fn(params, ids[i:i + mb], att[i:i + mb]))
+        sh = self.mb_shardings["input_ids"]
+        out = [dist.local_rows(self.logprob_fn(params, dist.global_rows(ids[i:i + mb], sh),
+                                               dist.global_rows(att[i:i + mb], sh)), self.mesh)
                for i in range(0, ids.shape[0], mb)]
         return np.concatenate(out, axis=0)
 
@@ -274,6 +328,7 @@ class Trainer(Run):
             while self.iteration < t.iterations and not self.stopping:
                 metrics = self.run_iteration()
                 self.iteration += 1
+                self.agree_stop()  # SIGTERM on any process stops (and saves) all of them
                 self.logger.log(self.iteration, metrics)
                 history.append(metrics)
                 bar.update(1)
@@ -286,7 +341,8 @@ class Trainer(Run):
                         self.logger.log(self.iteration, ev)
                         metrics.update(ev)
                 line = progress_line(self.iteration, t.iterations, metrics)
-                tqdm.write(line) if self.progress else print(line, flush=True)
+                if self.main:
+                    tqdm.write(line) if self.progress else print(line, flush=True)
                 if self.should_save(self.iteration, t.save_every, t.iterations):
                     self.save(self.iteration)
         return history

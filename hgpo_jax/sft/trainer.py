@@ -19,10 +19,11 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from hgpo_jax import distributed as dist
 from hgpo_jax.config import sft_micro_batch_size
 from hgpo_jax.rl.batching import pack_rows
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.ppo import make_logprob_fn, make_update_step, token_logprobs
+from hgpo_jax.rl.ppo import batch_sharding, make_logprob_fn, make_update_step, token_logprobs
 from hgpo_jax.runs import Run
 from hgpo_jax.sft import data as sft_data
 
@@ -90,6 +91,12 @@ class SftTrainer(Run):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
         s, t = cfg.sft, cfg.train
         self.micro = sft_micro_batch_size(cfg)
+        self.procs = jax.process_count()
+        if self.micro % self.procs:
+            raise ValueError(f"SFT micro-batches of {self.micro} rows (the largest divisor of "
+                             f"sft.batch_size={s.batch_size} <= train.micro_batch_size) cannot be "
+                             f"split over {self.procs} processes; make both multiples of {self.procs}")
+        self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
         self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer)
         self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
                                         s.batch_size // self.micro, SFT_BATCH, self.mesh,
@@ -129,6 +136,14 @@ class SftTrainer(Run):
                            row_multiple=row_multiple, length_multiple=self.cfg.train.pad_multiple)
         return {k: packed.arrays()[k] for k in SFT_BATCH}
 
+    def _own(self, batch: dict) -> dict:
+        """This process's rows of a batch every process built whole (all of it with one process):
+        process p feeds rows [p S/P, (p+1) S/P) of each [S, ...] array."""
+        if self.procs == 1:
+            return batch
+        p, n = jax.process_index(), next(iter(batch.values())).shape[0] // self.procs
+        return {k: v[p * n:(p + 1) * n] for k, v in batch.items()}
+
     def heldout_nll(self) -> float:
         """Mean NLL per response token of the held-out turns (NaN when there are none)."""
         if not self.heldout_samples:
@@ -136,10 +151,15 @@ class SftTrainer(Run):
         mb = self.micro
         total, count = 0.0, 0.0
         for i in range(0, len(self.heldout_samples), mb):
-            batch = self._pack(self.heldout_samples[i:i + mb], mb)
-            logp = np.asarray(self.logprob_fn(self.params, batch["input_ids"], batch["attention_mask"]))
+            batch = self._own(self._pack(self.heldout_samples[i:i + mb], mb))
+            sh = self.batch_shardings["input_ids"]
+            logp = dist.local_rows(self.logprob_fn(
+                self.params, dist.global_rows(batch["input_ids"], sh),
+                dist.global_rows(batch["attention_mask"], sh)), self.mesh)
             total += float(-(logp * batch["response_mask"]).sum())
             count += float(batch["response_mask"].sum())
+        if self.procs > 1:
+            total, count = map(sum, zip(*dist.allgather_json([total, count])))
         return total / max(count, 1.0)
 
     # ------------------------------------------------------------------ the loop
@@ -153,9 +173,12 @@ class SftTrainer(Run):
                 t0 = time.perf_counter()
                 batch = self._pack([self.train_samples[i] for i in self.next_indices(s.batch_size)],
                                    self.micro)
-                self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, batch)
+                self.params, self.opt_state, m = self.step_fn(
+                    self.params, self.opt_state,
+                    dist.global_tree(self._own(batch), self.batch_shardings))
                 metrics = {k: float(v) for k, v in jax.device_get(m).items()}
                 self.step += 1
+                self.agree_stop()  # SIGTERM on any process stops (and saves) all of them
                 tokens = float(batch["attention_mask"].sum())
                 metrics.update({"time/step": time.perf_counter() - t0,
                                 "perf/tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),

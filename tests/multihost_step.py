@@ -1,0 +1,91 @@
+"""One PPO train step of the tiny model on a fixed global mini-batch, for tests/test_multihost.py.
+
+    python tests/multihost_step.py OUT.npz                                    # one process
+    python tests/multihost_step.py OUT.npz --coordinator localhost:PORT --num-processes 2 --process-id I
+
+For each mesh layout in LAYOUTS (batch over `data`; batch and weights over `fsdp`) it computes
+the token log-probs of the mini-batch and takes one optimizer update; process 0 writes the
+log-probs, the step's metrics and the updated parameters (gathered whole) to OUT.npz. Every
+process builds the same global mini-batch from a fixed seed and feeds its own rows
+(`hgpo_jax.distributed.global_rows`), as the trainer does.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+LAYOUTS = {"data": (-1, 1, 1), "fsdp": (1, -1, 1)}  # name -> mesh (data, fsdp, tensor)
+ROWS, LENGTH, MICRO = 8, 32, 4
+
+
+def minibatch(vocab: int) -> dict[str, np.ndarray]:
+    """The global mini-batch [ROWS, LENGTH] (old/ref log-probs are filled in by the caller)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, vocab, (ROWS, LENGTH), dtype=np.int32)
+    lengths = rng.integers(LENGTH // 2, LENGTH + 1, ROWS)
+    prompt = rng.integers(4, LENGTH // 2, ROWS)
+    pos = np.arange(LENGTH)[None, :]
+    attention = (pos < lengths[:, None]).astype(np.int32)
+    response = ((pos >= prompt[:, None]) & (pos < lengths[:, None])).astype(np.float32)
+    return {"input_ids": ids, "attention_mask": attention, "response_mask": response,
+            "advantages": rng.normal(size=ROWS).astype(np.float32)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--coordinator")
+    p.add_argument("--num-processes", type=int)
+    p.add_argument("--process-id", type=int)
+    args = p.parse_args(argv)
+
+    from hgpo_jax import distributed as dist
+
+    dist.init_distributed(dist.DistributedArgs(args.coordinator, args.num_processes, args.process_id),
+                          heartbeat_timeout_s=20, init_timeout_s=60)
+    import jax
+    from flax import nnx
+
+    from hgpo_jax.models import make_mesh
+    from hgpo_jax.rl.ppo import (PPO_BATCH, LossConfig, batch_sharding, init_opt_state,
+                                 make_logprob_fn, make_optimizer, make_train_step, param_shardings)
+    from hgpo_jax.runs import load_model
+
+    procs, index = jax.process_count(), jax.process_index()
+    out = {}
+    for name, (data, fsdp, tensor) in LAYOUTS.items():
+        mesh = make_mesh(data, fsdp, tensor)
+        model, _, _ = load_model("tiny", "float32", "float32", mesh)
+        graphdef, params = nnx.split(model, nnx.Param)
+        shardings = param_shardings(mesh, params)
+        tx = make_optimizer(1e-3)
+        opt_state, opt_shardings = init_opt_state(tx, params, mesh)
+        mb = minibatch(model.config.vocab_size)
+        own = slice(index * ROWS // procs, (index + 1) * ROWS // procs)  # this process's rows
+        mb_sh = {k: batch_sharding(mesh, n) for k, n in PPO_BATCH.items()}
+        logp_fn = make_logprob_fn(graphdef, mesh, shardings)
+        logp = dist.local_rows(logp_fn(params, dist.global_rows(mb["input_ids"][own], mb_sh["input_ids"]),
+                                       dist.global_rows(mb["attention_mask"][own], mb_sh["input_ids"])),
+                               mesh)
+        local = {k: v[own] for k, v in mb.items()}
+        local["ref_logp"] = logp
+        local["old_logp"] = logp - 0.1 * np.random.default_rng(1).normal(size=(ROWS, LENGTH)
+                                                                          ).astype(np.float32)[own]
+        step = make_train_step(graphdef, tx, LossConfig(), ROWS // MICRO, mesh, shardings, opt_shardings)
+        params, opt_state, metrics = step(params, opt_state, dist.global_tree(local, mb_sh))
+        out[f"{name}/logp"] = dist.to_host(logp_fn(
+            params, dist.global_rows(mb["input_ids"][own], mb_sh["input_ids"]),
+            dist.global_rows(mb["attention_mask"][own], mb_sh["input_ids"])))
+        out[f"{name}/loss"] = np.asarray(jax.device_get(metrics["train/loss"]))
+        out[f"{name}/grad_norm"] = np.asarray(jax.device_get(metrics["train/grad_norm"]))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+            out[f"{name}/param{jax.tree_util.keystr(path)}"] = dist.to_host(leaf)
+    if index == 0:
+        np.savez(args.out, **out)
+    print(f"process {index} of {procs}: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
