@@ -2,10 +2,7 @@
 attention and transformers."""
 
 import functools
-import json
-import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +11,7 @@ from flax import nnx
 from hf_models import TINY_SHAPES, build_hf_model, hf_logits, load_hf
 from jax.sharding import PartitionSpec as P
 
-from hgpo_jax.models import KVCache, Qwen2Config, load_pretrained, make_mesh, save_pretrained
+from hgpo_jax.models import Qwen2Config, load_pretrained, make_mesh, save_pretrained
 from hgpo_jax.models.qwen2 import (Qwen2ForCausalLM, relayout_layers, resolve_attention,
                                    stack_layers, unstack_layers)
 from hgpo_jax.models.sharding import param_partition_spec
