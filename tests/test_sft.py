@@ -189,7 +189,8 @@ def test_sft_learns_resumes_exactly_and_exports(tmp_path):
     # export: a Hugging Face folder with the run's weights and tokenizer
     out = tmp_path / "hf"
     assert cli_main(["export", str(full), str(out)]) == 0
-    exported = nnx.split(load_pretrained(out), nnx.Param)[1]
+    # the run trained scanned layers (model.scan_layers default): the export loads back stacked
+    exported = nnx.split(load_pretrained(out, scan_layers=True), nnx.Param)[1]
     for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(exported)):
         np.testing.assert_allclose(a, np.asarray(b), atol=1e-6)
     assert os.path.isfile(out / "tokenizer.json")
