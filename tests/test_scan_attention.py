@@ -106,8 +106,9 @@ def test_scanned_gradients_equal_the_unrolled_ones(remat):
     def loss(m):
         return (token_logprobs(m, ids, mask) * mask).sum()
 
-    ls, gs = nnx.value_and_grad(loss)(scanned)
-    lu, gu = nnx.value_and_grad(loss)(unrolled)
+    grad = nnx.jit(nnx.value_and_grad(loss))  # jitted: eager op-by-op dispatch is slow
+    ls, gs = grad(scanned)
+    lu, gu = grad(unrolled)
     assert abs(float(ls) - float(lu)) < 1e-4
     flat_s = as_unrolled({".".join(map(str, p)): np.asarray(v[...])
                           for p, v in nnx.to_flat_state(gs)}, 3)
@@ -199,7 +200,8 @@ def test_fused_attention_values_and_gradients_equal_einsum(shape, scan):
         logp, ent = token_logprobs(m, ids, mask, with_entropy=True)
         return ((logp + 0.1 * ent) * mask).sum(), (logp, ent)
 
-    out = {impl: nnx.value_and_grad(loss, has_aux=True)(m) for impl, m in models.items()}
+    grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
+    out = {impl: grad(m) for impl, m in models.items()}
     (le, (lpe, ente)), ge = out["einsum"]
     (lx, (lpx, entx)), gx = out["xla"]
     m = np.asarray(mask, bool)
