@@ -85,10 +85,14 @@ def start_distributed(args, cfg) -> bool:
     """Join the multi-process job the command line asks for (--coordinator/--num-processes/
     --process-id, or --distributed), with the config's time-outs; returns whether this is
     process 0 (the one that prints). Before anything starts JAX's backends."""
-    from hgpo_jax.distributed import DistributedArgs, init_distributed
+    from hgpo_jax.distributed import DistributedArgs, detect_launcher, init_distributed
 
     dist_args = DistributedArgs(args.coordinator, args.num_processes, args.process_id,
                                 args.distributed)
+    launcher = (None if dist_args.requested or getattr(args, "single_process", False)
+                else detect_launcher())
+    if launcher:  # started by a multi-process launcher with no flags: join its job
+        dist_args = DistributedArgs(auto=True)
     args.multi_process = init_distributed(dist_args, heartbeat_timeout_s=cfg.dist.heartbeat_timeout_s,
                                           init_timeout_s=cfg.dist.init_timeout_s)
     if not args.multi_process:
@@ -97,7 +101,8 @@ def start_distributed(args, cfg) -> bool:
 
     if jax.process_index() == 0:
         print(f"{jax.process_count()} processes, {jax.device_count()} devices "
-              f"({jax.local_device_count()} per process, {jax.devices()[0].platform})", flush=True)
+              f"({jax.local_device_count()} per process, {jax.devices()[0].platform})"
+              + (f"; launcher detected: {launcher}" if launcher else ""), flush=True)
     return jax.process_index() == 0
 
 
@@ -239,7 +244,11 @@ def _add_dist_flags(p) -> None:
     g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
     g.add_argument("--distributed", action="store_true",
                    help="let jax.distributed.initialize() detect the cluster (SLURM, TPU, Open "
-                        "MPI, Kubernetes); the flags above, where given, take precedence")
+                        "MPI, Kubernetes); the flags above, where given, take precedence. "
+                        "Without any flag a launch of several processes by srun, mpirun, "
+                        "a multi-host TPU VM or JAX_NUM_PROCESSES>1 is joined the same way")
+    g.add_argument("--single-process", action="store_true",
+                   help="run alone even under a multi-process launcher (no auto-detection)")
 
 
 def _add_run_command(sub, name: str, help: str, example: str, func) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import jax
 import numpy as np
@@ -45,6 +46,39 @@ class DistributedArgs:
     def requested(self) -> bool:
         return self.auto or self.coordinator is not None or self.num_processes is not None \
             or self.process_id is not None
+
+
+def detect_launcher(environ=None) -> str | None:
+    """The multi-process launcher this process was started by, read from its environment, or None
+    (a single process). Only launches of more than one process count, so a one-task SLURM job or a
+    single-host TPU VM runs as before. With no flags, `hgpo-jax train/eval/sft` then joins the job
+    as `--distributed` would (`jax.distributed.initialize()` reads the same variables).
+
+    JAX's own variables (JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES > 1), SLURM (srun:
+    SLURM_STEP_NUM_TASKS or SLURM_NTASKS > 1 with SLURM_PROCID), Open MPI (OMPI_COMM_WORLD_SIZE
+    > 1), a multi-host Cloud TPU VM slice (TPU_WORKER_HOSTNAMES naming several hosts). A
+    Kubernetes pod is not detected from its environment alone: pass --distributed there.
+    """
+    env = dict(os.environ if environ is None else environ)
+
+    def more_than_one(name: str) -> bool:
+        try:
+            return int(env.get(name, "1")) > 1
+        except ValueError:
+            return False
+
+    if env.get("JAX_COORDINATOR_ADDRESS") and more_than_one("JAX_NUM_PROCESSES"):
+        return f"JAX_NUM_PROCESSES={env['JAX_NUM_PROCESSES']}"
+    if "SLURM_PROCID" in env:
+        for name in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+            if name in env:
+                return f"SLURM ({name}={env[name]})" if more_than_one(name) else None
+    if more_than_one("OMPI_COMM_WORLD_SIZE"):
+        return f"Open MPI (OMPI_COMM_WORLD_SIZE={env['OMPI_COMM_WORLD_SIZE']})"
+    hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if len(hosts) > 1:
+        return f"Cloud TPU ({len(hosts)} hosts in TPU_WORKER_HOSTNAMES)"
+    return None
 
 
 def init_distributed(args: DistributedArgs, *, heartbeat_timeout_s: int = 100,

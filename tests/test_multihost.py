@@ -232,3 +232,37 @@ def test_rollout_metrics_of_gathered_summaries_equal_those_of_one_batch():
     assert m["success/all"] == pytest.approx(2 / 3) and m["success/look"] == 0.5
     assert m["rollout/steps"] == 5 and m["rollout/failed_episodes"] == 1
     assert m["rollout/invalid_action_rate"] == pytest.approx(2 / 5) and m["time/generate"] == 2.0
+
+
+def test_a_multi_process_launcher_is_detected_from_its_environment():
+    from hgpo_jax.distributed import detect_launcher
+
+    assert detect_launcher({}) is None
+    assert detect_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task: alone
+    assert "SLURM" in detect_launcher({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                                       "SLURM_NTASKS": "8"})
+    assert detect_launcher({"SLURM_NTASKS": "4"}) is None  # sbatch shell, not an srun task
+    assert "Open MPI" in detect_launcher({"OMPI_COMM_WORLD_SIZE": "2"})
+    assert detect_launcher({"OMPI_COMM_WORLD_SIZE": "1"}) is None
+    assert "TPU" in detect_launcher({"TPU_WORKER_HOSTNAMES": "t1-w-0,t1-w-1"})
+    assert detect_launcher({"TPU_WORKER_HOSTNAMES": "localhost"}) is None
+    assert detect_launcher({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"})
+
+
+def test_cli_joins_a_detected_launch_unless_told_to_run_alone(monkeypatch):
+    """No flags under a multi-process launcher: the CLI initializes as --distributed would;
+    --single-process or explicit flags skip the detection."""
+    import argparse
+
+    from hgpo_jax import cli, distributed
+    from hgpo_jax.config import load_config
+
+    seen = []
+    monkeypatch.setattr(distributed, "init_distributed",
+                        lambda a, **kw: seen.append(a) or False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    cfg = load_config("tiny_cpu_toy")
+    base = dict(coordinator=None, num_processes=None, process_id=None, distributed=False)
+    cli.start_distributed(argparse.Namespace(**base, single_process=False), cfg)
+    cli.start_distributed(argparse.Namespace(**base, single_process=True), cfg)
+    assert seen[0].auto and not seen[1].requested
