@@ -25,7 +25,7 @@ from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.local import resolve_model_path
 from hgpo_jax.models.qwen2 import relayout_layers
 from hgpo_jax.rl.checkpoint import Checkpointer
-from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings
+from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings, shard_params
 
 RUN_CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
@@ -122,7 +122,8 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
         print(f"loaded the weights of {run_dir} at step {step}", flush=True)
     model = nnx.merge(graphdef, state["params"])
     if want_scan != cfg.model.scan_layers:
-        model = relayout_layers(model, want_scan, mesh)
+        model = relayout_layers(model, want_scan)
+        nnx.update(model, shard_params(nnx.state(model), mesh))
     return model, tokenizer, base
 
 

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
 from hgpo_jax.models.qwen2 import Qwen2ForCausalLM
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
-from hgpo_jax.models.sharding import param_sharding
+from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -49,8 +49,7 @@ def flax_path_to_hf(path: tuple) -> tuple[str, bool]:
 
 def is_stacked(path: tuple) -> bool:
     """A scanned model's stacked layer weight: `('model', 'layers', 'mlp', ...)`, no layer index."""
-    return (len(path) > 2 and path[:2] == ("model", "layers")
-            and not isinstance(path[2], int) and not str(path[2]).isdigit())
+    return is_stacked_path(_dotted(path))
 
 
 def hf_tensor_names(path: tuple, num_layers: int) -> tuple[list[str], bool]:
@@ -180,9 +179,11 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
         names, transpose = hf_tensor_names(fpath, model.config.num_hidden_layers)
         for i, name in enumerate(names):
             params[name] = (var, transpose, i if is_stacked(fpath) else None)
-    specs = [(n, tuple((v.shape[1:] if i is not None else v.shape)[::-1] if t else
-                       (v.shape[1:] if i is not None else v.shape)), np_dtype)
-             for n, (v, t, i) in params.items()]
+    def hf_shape(var, transpose, layer):  # one HF tensor's shape (a layer of a stacked weight)
+        shape = tuple(var.shape[1:] if layer is not None else var.shape)
+        return shape[::-1] if transpose else shape
+
+    specs = [(n, hf_shape(*entry), np_dtype) for n, entry in params.items()]
     specs.sort(key=lambda s: s[0] == "lm_head.weight")  # HF order: lm_head last
 
     shards: list[list] = [[]]

@@ -493,22 +493,15 @@ class Qwen2ForCausalLM(nnx.Module):
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
 
 
-def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool, mesh=None) -> Qwen2ForCausalLM:
+def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
     """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
-    L layers), same weights; on `mesh`, every weight is put in its partition rule's sharding.
-    Changes `model` in place and returns it (unchanged when the layout already matches)."""
+    L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.ppo.shard_params` puts them
+    back on a mesh's partition rules). Changes `model` in place and returns it (unchanged when the
+    layout already matches)."""
     if model.scan_layers == scan_layers:
         return model
     layers = model.model.layers
     model.model.layers = (stack_layers(list(layers)) if scan_layers
                           else nnx.List(unstack_layers(layers)))
     model.scan_layers = scan_layers
-    if mesh is not None:
-        from hgpo_jax.models.sharding import param_sharding
-
-        graphdef, state = nnx.split(model)
-        flat = [(path, var.replace(value=jax.device_put(
-                    var[...], param_sharding(mesh, ".".join(map(str, path)), var.shape))))
-                for path, var in nnx.to_flat_state(state)]
-        model = nnx.merge(graphdef, nnx.from_flat_state(flat))
     return model

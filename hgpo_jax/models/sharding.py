@@ -84,13 +84,19 @@ def request_cpu_devices(count: int | None = None) -> int:
 STACKED_LAYERS = re.compile(r"(^|\.)layers\.(?!\d+\.)")  # model.layers.mlp... (scanned layers)
 
 
+def is_stacked_path(path: str) -> bool:
+    """A scanned model's stacked layer weight ('model.layers.mlp.up_proj.kernel': no layer
+    index after 'layers'), whose arrays carry a leading [L] axis."""
+    return STACKED_LAYERS.search(path) is not None
+
+
 def param_partition_spec(path: str) -> P:
     """PartitionSpec for a dotted Flax parameter path, e.g. 'model.layers.0.mlp.up_proj.kernel'.
     Stacked layer weights ('model.layers.mlp.up_proj.kernel' [L, D, I]) get the same rule behind
     an unsplit layer axis."""
     for pattern, spec in PARAM_RULES:
         if re.search(pattern, path):
-            return P(None, *spec) if STACKED_LAYERS.search(path) else spec
+            return P(None, *spec) if is_stacked_path(path) else spec
     raise KeyError(f"no partition rule for parameter {path!r}; add one to PARAM_RULES")
 
 

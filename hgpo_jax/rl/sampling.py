@@ -435,9 +435,6 @@ class Sampler:
         """See the module-level `generate`."""
         prompts = [list(map(int, p)) for p in prompts]
         _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k)
-        if not prompts and jax.process_count() == 1:
-            return GenerateOutput([], [], [], self.num_compiles, 0.0)
-
         graphdef, state = nnx.split(model)
         mesh = mesh if mesh is not None else params_mesh(state)
         procs = _mesh_processes(mesh)
