@@ -21,13 +21,11 @@ checked against its sha256 file and unpacked once, atomically, into the cache fo
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import tarfile
-import uuid
 from functools import lru_cache
 
+from hgpo_jax.envs import data
+from hgpo_jax.envs.data import cache_root, candidate_archives
 from hgpo_jax.envs.prompts import task_from_observation
 
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -39,7 +37,6 @@ TASK_TYPES = ("pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_
 WIN_REWARD = 10.0
 ARCHIVE_NAME = "json_2.1.1.tar.xz"
 DATA_FOLDER = "json_2.1.1"
-_COMPLETE = ".complete"
 
 _HOW_TO_GET_DATA = (
     "ALFWorld game files not found. Either pass data_dir=/path (or --data-dir) to a folder that "
@@ -53,18 +50,8 @@ class AlfworldDataError(FileNotFoundError):
 
 
 # --------------------------------------------------------------------------- data location
-def cache_root() -> str:
-    return os.environ.get("HGPO_JAX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hgpo_jax")
-
-
 def _candidate_archives() -> list[str]:
-    env = os.environ.get("HGPO_JAX_ALFWORLD_ARCHIVE")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    found = [env] if env else []
-    for base in (os.path.dirname(repo), repo, os.path.dirname(os.getcwd()), os.getcwd()):
-        found.append(os.path.join(base, "shared", "data", "alfworld", ARCHIVE_NAME))
-    return list(dict.fromkeys(found))
+    return candidate_archives("alfworld", ARCHIVE_NAME, os.environ.get("HGPO_JAX_ALFWORLD_ARCHIVE"))
 
 
 def _splits_folder(path: str) -> str | None:
@@ -75,51 +62,9 @@ def _splits_folder(path: str) -> str | None:
     return None
 
 
-def verify_sha256(archive: str) -> None:
-    """Check `archive` against `archive.sha256` (sha256sum format), if that file exists."""
-    sums = archive + ".sha256"
-    if not os.path.isfile(sums):
-        return
-    with open(sums, encoding="utf-8") as f:
-        expected = f.read().split()[0].lower()
-    digest = hashlib.sha256()
-    with open(archive, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected:
-        raise AlfworldDataError(f"{archive} fails its checksum ({sums}): the file is damaged; "
-                                "restore it before training")
-
-
 def unpack_archive(archive: str, dest_root: str) -> str:
-    """Unpack `archive` into `dest_root/json_2.1.1` once, atomically; returns that folder.
-
-    The archive is extracted into a temporary sibling folder, marked complete, then renamed into
-    place, so a half-unpacked cache (an interrupted run) is never used: it is removed and redone.
-    """
-    final = os.path.join(dest_root, DATA_FOLDER)
-    if os.path.isfile(os.path.join(final, _COMPLETE)):
-        return final
-    verify_sha256(archive)
-    os.makedirs(dest_root, exist_ok=True)
-    tmp = os.path.join(dest_root, f".unpack-{uuid.uuid4().hex[:8]}")
-    try:
-        with tarfile.open(archive, "r:xz") as tar:
-            tar.extractall(tmp, filter="data")
-        unpacked = _splits_folder(tmp)
-        if unpacked is None:
-            raise AlfworldDataError(f"{archive} does not contain ALFWorld split folders {SPLITS}")
-        open(os.path.join(unpacked, _COMPLETE), "w").close()
-        if os.path.isdir(final) and not os.path.isfile(os.path.join(final, _COMPLETE)):
-            shutil.rmtree(final)  # left by an interrupted unpack of an older version
-        try:
-            os.rename(unpacked, final)
-        except OSError:
-            if not os.path.isfile(os.path.join(final, _COMPLETE)):
-                raise  # not a concurrent unpack that won the race
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """Unpack the game archive into `dest_root/json_2.1.1` once, atomically (hgpo_jax.envs.data)."""
+    return data.unpack_archive(archive, dest_root, DATA_FOLDER, _splits_folder, AlfworldDataError)
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
@@ -134,7 +79,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
             if given is data_dir:  # an explicit argument that is wrong is an error, not a hint
                 raise AlfworldDataError(_HOW_TO_GET_DATA.format(looked=looked))
     cached = os.path.join(cache_root(), "alfworld", DATA_FOLDER)
-    if os.path.isfile(os.path.join(cached, _COMPLETE)):
+    if data.is_complete(cached):
         return cached
     for archive in _candidate_archives():
         if os.path.isfile(archive):

@@ -1,0 +1,102 @@
+"""Where the WebShop data lives and how it is read.
+
+Lookup order: `data_dir=`, else `$WEBSHOP_DATA`, else the project's small set
+(`../shared/data/webshop/webshop-small-v1.tar.xz`, or `$HGPO_JAX_WEBSHOP_ARCHIVE`), checked against
+its sha256 and unpacked once, atomically, into `$HGPO_JAX_CACHE/webshop/` (hgpo_jax.envs.data).
+
+A data folder holds the files of WebShop's "small" mode, the one verl-agent trains on:
+`items_shuffle_1000.json` (products), `items_ins_v2_1000.json` (attributes and instructions) and
+`name_nouns_en_core_web_sm_3.8.0.json` (the reward's noun tokens of each product name, so spaCy
+is not needed), plus, optionally, the golden outputs of the original env
+(`webshop_golden_env.json`, `lucene_top50.jsonl`) that the tests compare against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+
+from hgpo_jax.envs import data
+
+ARCHIVE_NAME = "webshop-small-v1.tar.xz"
+DATA_FOLDER = "webshop-small"
+PRODUCTS_FILE = "items_shuffle_1000.json"
+ATTRIBUTES_FILE = "items_ins_v2_1000.json"
+NOUNS_FILE = "name_nouns_en_core_web_sm_3.8.0.json"
+GOLDEN_FILE = "webshop_golden_env.json"
+LUCENE_FILE = "lucene_top50.jsonl"
+REQUIRED_FILES = (PRODUCTS_FILE, ATTRIBUTES_FILE, NOUNS_FILE)
+
+_HOW_TO_GET_DATA = (
+    "WebShop data not found. Pass data_dir=/path (env.data_dir=... in a config) to a folder "
+    f"holding {', '.join(REQUIRED_FILES)}, set $WEBSHOP_DATA, or put the project's archive "
+    f"shared/data/webshop/{ARCHIVE_NAME} beside the checkout (or point "
+    "$HGPO_JAX_WEBSHOP_ARCHIVE at it). Looked in: {looked}")
+
+
+class WebShopDataError(FileNotFoundError):
+    """The WebShop data cannot be found or is damaged."""
+
+
+def _data_folder(path: str) -> str | None:
+    """`path` or `path/webshop-small` if it holds the required files, else None."""
+    for folder in (path, os.path.join(path, DATA_FOLDER)):
+        if all(os.path.isfile(os.path.join(folder, f)) for f in REQUIRED_FILES):
+            return folder
+    return None
+
+
+def _missing(path: str) -> list[str]:
+    return [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
+
+
+def unpack_archive(archive: str, dest_root: str) -> str:
+    """Unpack the small-set archive into `dest_root/webshop-small` once, atomically."""
+    return data.unpack_archive(archive, dest_root, DATA_FOLDER, _data_folder, WebShopDataError)
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
+    """The folder holding the WebShop files (see the module docstring for the lookup order)."""
+    looked = []
+    for given, what in ((data_dir, "data_dir"), (os.environ.get("WEBSHOP_DATA"), "$WEBSHOP_DATA")):
+        if given:
+            folder = _data_folder(os.fspath(given))
+            if folder:
+                return folder
+            raise WebShopDataError(
+                f"{what}={os.fspath(given)!r} lacks {_missing(os.fspath(given))}. "
+                + _HOW_TO_GET_DATA.format(looked=[os.fspath(given)]))
+    cached = os.path.join(data.cache_root(), "webshop", DATA_FOLDER)
+    if data.is_complete(cached):
+        return cached
+    for archive in data.candidate_archives("webshop", ARCHIVE_NAME,
+                                           os.environ.get("HGPO_JAX_WEBSHOP_ARCHIVE")):
+        if os.path.isfile(archive):
+            return unpack_archive(archive, os.path.dirname(cached))
+        looked.append(archive)
+    raise WebShopDataError(_HOW_TO_GET_DATA.format(looked=looked))
+
+
+@lru_cache(maxsize=8)
+def _read_json_cached(path: str):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_json(folder: str, name: str):
+    """A JSON file of the data folder (cached per process: treat the result as read-only)."""
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise WebShopDataError(f"{path} is missing; the WebShop data folder {folder} is incomplete")
+    return _read_json_cached(path)
+
+
+def read_lucene_top50(folder: str) -> list[dict]:
+    """The golden search results: [{'set', 'query', 'asins', 'scores'}] (lucene_top50.jsonl)."""
+    path = os.path.join(folder, LUCENE_FILE)
+    if not os.path.isfile(path):
+        raise WebShopDataError(f"{path} is missing (the golden search results ship with the "
+                               "project's small-set archive only)")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
