@@ -39,7 +39,6 @@ import yaml
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
-ENV_NAMES = ("alfworld", "toy", "toy-history")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("constant", "cosine")
 BASE_KEY = "base"
@@ -66,9 +65,10 @@ class ModelConfig:
 class EnvConfig:
     """The environment and its worker pool."""
 
-    name: str = "alfworld"  # alfworld | toy | toy-history (docs/envs.md)
-    split: str = "train"  # training split: train | valid_seen | valid_unseen | valid_train
-    data_dir: str | None = None  # ALFWorld data folder; None = $ALFWORLD_DATA or the project's copy
+    name: str = "alfworld"  # alfworld | webshop | toy | toy-history (docs/envs.md)
+    split: str = "train"  # training split (alfworld: train | valid_seen | valid_unseen | valid_train; webshop: train | test)
+    data_dir: str | None = None  # env data folder; None = $ALFWORLD_DATA / $WEBSHOP_DATA or the project's copy
+    seed: int = 0  # webshop: the goal order and the prices of ranged products (verl-agent's env.seed)
     max_steps: int = 50  # T: env steps per episode
     memory_len: int = 2  # H: steps of memory in the prompt
     projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/envs.md)
@@ -609,19 +609,26 @@ def _short(value: Any) -> str:
 @lru_cache(maxsize=1)
 def allowed_values() -> dict[str, tuple[str, ...]]:
     """Allowed names, taken from the modules that consume them (imported lazily)."""
-    from hgpo_jax.envs.alfworld import SPLITS
     from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.envs.registry import env_names
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
     return {"estimator": tuple(ESTIMATORS), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
-            "loss_agg": tuple(AGGS), "split": tuple(SPLITS), "env": ENV_NAMES, "dtype": DTYPES,
+            "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
             "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS),
             "attention": ATTENTION_IMPLS[:4]}
+
+
+def _env_splits(name: str) -> tuple[str, ...]:
+    """The split names of env `name` (none for an unknown env: its name is reported instead)."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    return get_env(name).splits if name in env_names() else ()
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
@@ -656,7 +663,10 @@ def _semantic_problems(cfg: Config) -> list[str]:
     one_of("model.attention", m.attention, allowed["attention"])
 
     one_of("env.name", e.name, allowed["env"])
-    one_of("env.split", e.split, allowed["split"])
+    splits = _env_splits(e.name)
+    if splits:
+        one_of("env.split", e.split, splits)
+    at_least("env.seed", e.seed, 0)
     one_of("env.projection", e.projection, allowed["projection"])
     check(e.data_dir is None or bool(e.data_dir.strip()), "env.data_dir", e.data_dir,
           "a folder or null")
@@ -727,7 +737,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
     v = cfg.eval
     one_of("eval.protocol", v.protocol, allowed["protocol"])
     for i, s in enumerate(v.splits):
-        one_of(f"eval.splits[{i}]", s, allowed["split"])
+        if splits:
+            one_of(f"eval.splits[{i}]", s, splits)
     check(len(set(v.splits)) == len(v.splits), "eval.splits", v.splits, "a list without repeats")
     check(0 <= v.temperature < math.inf, "eval.temperature", v.temperature,
           "a finite number >= 0 (0 = greedy)")

@@ -60,16 +60,19 @@ def test_default_lists_are_not_shared():
 
 
 def test_allowed_values_come_from_the_consumers():
-    from hgpo_jax.config import allowed_values
+    from hgpo_jax.config import _env_splits, allowed_values
     from hgpo_jax.envs.alfworld import SPLITS
     from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.envs.webshop import SPLITS as WEBSHOP_SPLITS
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
 
     v = allowed_values()
-    assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"], v["split"]) == (
-        ESTIMATORS, MODES, KL_TYPES, AGGS, SPLITS)
+    assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"]) == (
+        ESTIMATORS, MODES, KL_TYPES, AGGS)
+    assert set(v["env"]) == {"alfworld", "toy", "toy-history", "webshop"}  # the env registry
+    assert (_env_splits("alfworld"), _env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
     assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (
         PENALTY_PLACEMENTS, STATS, LEVEL_WEIGHTS, PROJECTIONS, EVAL_PROTOCOLS)
 
@@ -270,7 +273,7 @@ def test_overrides_must_be_a_list():
     ("algo.kl_type=k3", "algo.kl_type"),
     ("algo.loss_agg=sum", "algo.loss_agg"),
     ("optim.schedule=linear", r"optim.schedule='linear' is not allowed; use one of constant, cosine"),
-    ("env.name=webshop", "env.name"),
+    ("env.name=webshopp", "env.name.*Did you mean .webshop."),
     ("env.split=test", "env.split"),
     ("eval.splits=[valid_seen,bogus]", r"eval.splits\[1\]"),
     ("eval.splits=[valid_seen,valid_seen]", "without repeats"),
@@ -401,6 +404,33 @@ def test_paper_values(name):
     else:
         assert c.model.path == "Qwen/Qwen2.5-7B-Instruct"
         assert (c.mesh.data, c.mesh.fsdp, c.mesh.tensor) == (1, 4, 1)
+
+
+WEBSHOP_RUNS = [f"{a}_webshop_qwen2.5_{size}" for a in ("hgpo_k2", "hgpo_k4", "gigpo", "grpo", "rloo")
+                for size in ("1.5b", "7b")]
+
+
+@pytest.mark.parametrize("name", WEBSHOP_RUNS)
+def test_webshop_paper_values(name):
+    """The authors' WebShop scripts: recipe/hgpo/run_qwen2.5_*_webshop_train.sh (HGPO) and
+    examples/*_trainer/run_webshop.sh (baselines)."""
+    c = load_config(name)
+    assert (c.env.name, c.env.split, c.env.seed, c.eval.splits) == ("webshop", "train", 0, ["test"])
+    assert (c.eval.seeds, c.eval.batches, c.eval.batch_size, c.eval.temperature) == ([123, 456, 789], 4, 128, 0.4)
+    assert (c.rollout.group_size, c.rollout.num_groups, c.rollout.max_prompt_tokens) == (8, 16, 4096)
+    assert (c.train.mini_batch_size, c.optim.lr, c.algo.kl_coef, c.algo.invalid_penalty) == (64, 1e-6, 0.01, 0.1)
+    assert c.algo.gamma == 0.95
+    algo = name.split("_webshop")[0]
+    if algo.startswith("hgpo"):
+        K = int(algo[-1])
+        assert (c.algo.estimator, c.algo.K, c.env.memory_len, c.algo.mode) == ("hgpo", K, K, "mean_norm")
+        assert (c.env.max_steps, c.train.iterations, c.train.micro_batch_size) == (30, 160, 8)
+    else:
+        assert (c.algo.estimator, c.env.memory_len, c.env.max_steps, c.train.iterations) == (algo, 2, 15, 150)
+        assert c.algo.mode == ("mean_norm" if algo == "gigpo" else "mean_std_norm")
+        assert c.train.micro_batch_size == (16 if name.endswith("_1.5b") else 8)
+    assert c.mesh.fsdp == (2 if name.endswith("_1.5b") else 4)
+    assert load_config("tiny_cpu_webshop").env.name == "webshop"
 
 
 def test_paper_files_use_inheritance():

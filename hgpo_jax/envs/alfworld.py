@@ -193,3 +193,37 @@ def walkthrough(game_path: str) -> list[str]:
 
     with open(game_path, encoding="utf-8") as f:
         return list(json.load(f)["walkthrough"])
+
+
+# --------------------------------------------------------------------------- registry entry
+def _make_env(env_cfg):
+    import functools
+
+    return functools.partial(AlfworldEnv, max_steps=env_cfg.max_steps)
+
+
+def _list_tasks(env_cfg, split: str) -> list[str]:
+    return list_games(split, env_cfg.data_dir)
+
+
+def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
+                     progress: bool = False) -> list:
+    from hgpo_jax.sft.data import cached_alfworld_episodes
+
+    if kind != "expert":
+        raise ValueError("sft.data=random (random admissible actions) is implemented for the toy "
+                         "env only; use sft.data=expert for ALFWorld")
+    return cached_alfworld_episodes(split, n, env_cfg.data_dir, progress=progress)
+
+
+def _env_specs() -> dict:
+    from hgpo_jax.envs.prompts import build_prompt, project_action
+    from hgpo_jax.envs.registry import EnvSpec
+
+    return {"alfworld": EnvSpec(
+        name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
+        train_split="train", eval_splits=tuple(EVAL_SPLITS.values()), build_prompt=build_prompt,
+        project=project_action, record_episodes=_record_episodes, memory_len=2, max_steps=50)}
+
+
+ENV_SPECS = _env_specs()

@@ -68,6 +68,16 @@ def task_from_observation(observation: str) -> str:
     return observation[at + len(_TASK_MARKER):].strip() if at != -1 else ""
 
 
+def format_memory(history: Sequence[Turn], memory_len: int) -> tuple[str, int]:
+    """(the last `memory_len` turns as "[Observation n: '...', Action n: '...']" lines numbered
+    from the episode's start, how many are shown): verl-agent's memory text."""
+    recent = list(history)[-memory_len:] if memory_len > 0 else []
+    first = len(history) - len(recent) + 1
+    text = "\n".join(f"[Observation {first + i}: '{t.observation}', Action {first + i}: "
+                     f"'{t.action}']" for i, t in enumerate(recent))
+    return text, len(recent)
+
+
 def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
                  history: Sequence[Turn] = (), memory_len: int = 2, *,
                  intro: str = ALFWORLD_INTRO) -> str:
@@ -84,23 +94,20 @@ def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
     if not history or memory_len == 0:
         return TEMPLATE_NO_HISTORY.format(intro=intro, current_observation=observation,
                                           admissible_actions=actions)
-    recent = list(history)[-memory_len:]
-    first = len(history) - len(recent) + 1
-    memory = "\n".join(f"[Observation {first + i}: '{t.observation}', Action {first + i}: "
-                       f"'{t.action}']" for i, t in enumerate(recent))
+    memory, shown = format_memory(history, memory_len)
     return TEMPLATE_WITH_HISTORY.format(
         intro=intro, task_description=task, step_count=len(history),
-        history_length=len(recent), action_history=memory, current_step=len(history) + 1,
+        history_length=shown, action_history=memory, current_step=len(history) + 1,
         current_observation=observation, admissible_actions=actions)
 
 
-def project_action(reply: str, rules: str = "verl-agent", *,
+def project_action(reply: str, rules: str = "verl-agent", *, fallback_chars: int = 30,
                    max_reply_chars: int = MAX_REPLY_CHARS) -> tuple[str, bool]:
     """Model reply -> (action, valid) under `rules` (one of PROJECTIONS).
 
     "verl-agent": on the lower-cased reply, the stripped text between the first "<action>" and
-    the first "</action>" (an empty tag is valid); without both tags, the last 30 characters,
-    invalid. Also invalid (the action is kept): no "<think>" or no "</think>" in the reply as
+    the first "</action>" (an empty tag is valid); without both tags, the last `fallback_chars`
+    characters (ALFWorld 30, WebShop 20), invalid. Also invalid (the action is kept): no "<think>" or no "</think>" in the reply as
     written (case-sensitive), or any character in U+4E00..U+9FFF.
     "strict": the last <action>...</action> pair, lower-cased, whitespace collapsed; no tag, an
     empty tag or a reply over `max_reply_chars` gives ('', False).
@@ -115,7 +122,7 @@ def project_action(reply: str, rules: str = "verl-agent", *,
     lower = reply.lower()
     start, end = lower.find("<action>"), lower.find("</action>")
     if start == -1 or end == -1:
-        action, valid = lower[-30:], False
+        action, valid = lower[-fallback_chars:], False
     else:
         action, valid = lower[start + len("<action>"):end].strip(), True
     if reply.find("<think>") == -1 or reply.find("</think>") == -1:

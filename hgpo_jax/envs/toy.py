@@ -128,3 +128,44 @@ class ToyMemoryEnv:
         """An optimal action sequence from the current reset state (for tests and demos)."""
         color = self.colors[0]
         return [f"press {color} button"] + ["go forward"] * self.corridor + [f"open {color} door"]
+
+
+# --------------------------------------------------------------------------- registry entries
+SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
+_SPLIT_OFFSET = {"train": 0, "valid_seen": 100_000, "valid_unseen": 200_000, "valid_train": 300_000}
+
+
+def _make_env(env_cfg):
+    import functools
+
+    return functools.partial(ToyMemoryEnv, max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
+
+
+def _list_tasks(env_cfg, split: str) -> list[int]:
+    """Task ints, disjoint per split: 1000 for train, 60 for each other split."""
+    return [_SPLIT_OFFSET[split] + i for i in range(1000 if split == "train" else 60)]
+
+
+def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
+                     progress: bool = False) -> list:
+    from hgpo_jax.sft.data import toy_episodes
+
+    return toy_episodes(_list_tasks(env_cfg, split)[:n], kind, seed=seed,
+                        max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
+
+
+def _env_specs() -> dict:
+    import functools
+
+    from hgpo_jax.envs.prompts import build_prompt, project_action
+    from hgpo_jax.envs.registry import EnvSpec
+
+    return {name: EnvSpec(
+        name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS, train_split="train",
+        eval_splits=("valid_seen", "valid_unseen"),
+        build_prompt=functools.partial(build_prompt, intro=TOY_INTRO), project=project_action,
+        record_episodes=_record_episodes, memory_len=2, max_steps=50)
+        for name in ("toy", "toy-history")}
+
+
+ENV_SPECS = _env_specs()

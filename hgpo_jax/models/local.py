@@ -147,7 +147,7 @@ def resolve_model_path(path: str) -> str:
     'tiny' -> a tiny random Qwen2 built once in the cache; 'build:<env>-<size>' -> a Qwen2 of that
     size with a tokenizer trained on the env's text, built once in the cache; anything else must
     be an existing folder."""
-    from hgpo_jax.envs.alfworld import cache_root
+    from hgpo_jax.envs.data import cache_root
 
     if path == "tiny":
         from hgpo_jax.models.tiny import build_tiny_pretrained

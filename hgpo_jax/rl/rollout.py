@@ -5,9 +5,11 @@
 Env i runs task `tasks[i // group_size]`, so each group of `group_size` envs starts from the same
 state. Each step: build the prompts of the envs still running (task, memory of the last
 `memory_len` steps, current observation, admissible actions), generate for them only, project the
-replies to actions (`project_action`, verl-agent rules by default), step those envs in the pool
-with the projected actions, valid or not, record one row per env step (reward: the env's own; the
-invalid-action penalty is the advantage computation's business). The memory shows the projected
+replies to actions (the env's projection, verl-agent rules by default), step those envs in the
+pool with the projected actions, valid or not, record one row per env step (reward: the env's
+training reward, `EnvSpec.train_reward`; the invalid-action penalty is the advantage computation's
+business). The prompt builder, projection and training reward come from the env's registry entry
+(`spec=`; default: ALFWorld's prompt with `intro` as its first sentence). The memory shows the projected
 actions. Finished envs cost no generation. An episode whose env failed in the pool (timeout, dead
 worker) is dropped from the returned rows and counted in `batch.num_failed`.
 """
@@ -25,6 +27,7 @@ from tqdm.auto import tqdm
 from hgpo_jax.distributed import allgather_json, any_process
 from hgpo_jax.envs.prompts import (ALFWORLD_INTRO, PROJECTIONS, Turn, build_prompt,
                                    project_action, success_rates)
+from hgpo_jax.envs.registry import EnvSpec
 
 
 def encode_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
@@ -64,11 +67,13 @@ class RolloutBatch:
 
     task_id, traj_id, step_id: int [S]; anchor: list[str] [S]; prompt_ids, response_ids:
     list[list[int]]; sample_logp: list[list[float]] (log-probs under the sampling policy);
-    reward: float [S] (the env's reward; no invalid-action penalty is applied here); valid: bool
-    [S] (the reply's projection was valid); done: bool [S]; won: bool [S] (the trajectory's
-    outcome); task_type: list[str] [S].
+    reward: float [S] (the env's training reward; no invalid-action penalty is applied here);
+    valid: bool [S] (the reply's projection was valid); done: bool [S]; won: bool [S] (the
+    trajectory's outcome); task_type: list[str] [S].
     Episode-level: episode_traj (env index), episode_won, episode_task_type, episode_length,
-    each [E], for the E trajectories kept; num_failed episodes dropped; timing in seconds.
+    each [E], for the E trajectories kept; episode_score [E] (the env's score of the episode,
+    e.g. WebShop's task score; None for envs without one); num_failed episodes dropped; timing
+    in seconds.
     """
 
     task_id: np.ndarray
@@ -89,6 +94,7 @@ class RolloutBatch:
     episode_length: np.ndarray
     num_failed: int
     timing: dict
+    episode_score: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.task_id.shape[0])
@@ -105,7 +111,9 @@ class RolloutBatch:
                 "episode_length": self.episode_length.tolist(), "valid": self.valid.tolist(),
                 "reward": self.reward.tolist(),
                 "response_tokens": [len(r) for r in self.response_ids],
-                "num_failed": self.num_failed, "timing": dict(self.timing)}
+                "num_failed": self.num_failed, "timing": dict(self.timing),
+                **({"episode_score": self.episode_score.tolist()}
+                   if self.episode_score is not None else {})}
 
 
 def summary_metrics(summaries: list[dict]) -> dict[str, float]:
@@ -130,20 +138,26 @@ def summary_metrics(summaries: list[dict]) -> dict[str, float]:
         "rollout/failed_episodes": float(sum(s["num_failed"] for s in summaries)),
         "rollout/response_tokens": float(sum(sum(s["response_tokens"]) for s in summaries)),
     })
+    if any("episode_score" in s for s in summaries):
+        score = cat("episode_score", np.float64)
+        out["score/all"] = float(score.mean()) if len(score) else 0.0
     for k in summaries[0]["timing"]:
         out[f"time/{k}"] = max(s["timing"][k] for s in summaries)
     return out
 
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
-                     memory_len: int = 2, *, rng=0, intro: str = ALFWORLD_INTRO,
-                     projection: str = "verl-agent", progress: bool = False) -> RolloutBatch:
+                     memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
+                     intro: str = ALFWORLD_INTRO, projection: str = "verl-agent",
+                     progress: bool = False) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
     sampling (split per step). In a multi-process run every process calls this at once for its
     own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
-    of them, and generate as one batch over the mesh. projection: the `project_action` rules (one of PROJECTIONS).
+    of them, and generate as one batch over the mesh. spec: the env's registry entry (prompt,
+    projection, training reward, score); None: ALFWorld's prompt with `intro` as its first
+    sentence. projection: the projection rules (one of PROJECTIONS).
     Returns a RolloutBatch; see the module docstring.
     """
     import jax
@@ -159,6 +173,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
                          f"{group_size} need {num_envs}")
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
     timing = {"env_reset": 0.0, "generate": 0.0, "env_step": 0.0}
+    if spec is None:
+        spec = default_spec(intro)
 
     t0 = time.perf_counter()
     replies = env_pool.reset([tasks[i // group_size] for i in range(num_envs)])
@@ -171,6 +187,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     history: list[list[Turn]] = [[] for _ in range(num_envs)]
     rows: list[dict] = []
     won = [False] * num_envs
+    score = [0.0] * num_envs
 
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
@@ -178,9 +195,9 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         # processes sample together (one SPMD program): one with no env left still takes part
         if not any_process(bool(active)):
             break
-        prompts = [policy.encode_prompt(build_prompt(
-            task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len,
-            intro=intro)) for i in active]
+        prompts = [policy.encode_prompt(spec.build_prompt(
+            task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len))
+            for i in active]
         key, sub = jax.random.split(key)
         t1 = time.perf_counter()
         out = policy.generate(prompts, sub)
@@ -189,7 +206,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         actions = {}
         valid = {}
         for i, text in zip(active, texts):
-            actions[i], valid[i] = project_action(text, rules=projection)
+            actions[i], valid[i] = spec.project(text, projection)
         t2 = time.perf_counter()
         step_replies = env_pool.step(actions)
         timing["env_step"] += time.perf_counter() - t2
@@ -201,19 +218,33 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
             rows.append(dict(task_id=i // group_size, traj_id=i, step_id=t, anchor=infos[i]["anchor"],
                              prompt_ids=prompts[j], response_ids=list(out.tokens[j]),
                              sample_logp=list(out.logprobs[j]),
-                             reward=float(r.reward), valid=valid[i], done=r.done,
+                             reward=float(spec.train_reward(r.reward, r.info)), valid=valid[i],
+                             done=r.done,
                              task_type=infos[i]["task_type"]))
             history[i].append(Turn(obs[i], actions[i]))
             obs[i], infos[i] = r.obs, r.info
             won[i] = won[i] or bool(r.info.get("won", False))
+            if spec.score_key is not None:
+                score[i] = float(r.info.get(spec.score_key, 0.0))
             if r.done:
                 running[i] = False
         bar.update(1)
     bar.close()
-    return _to_batch(rows, won, failed, timing)
+    return _to_batch(rows, won, failed, timing, score if spec.score_key is not None else None)
 
 
-def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dict) -> RolloutBatch:
+def default_spec(intro: str = ALFWORLD_INTRO) -> EnvSpec:
+    """An unregistered env's entry: ALFWorld's prompt with `intro` as its first sentence, the
+    verl-agent projection, the env's own reward."""
+    import functools
+
+    return EnvSpec(name="custom", make_env=None, list_tasks=None, splits=(), train_split="",
+                   eval_splits=(), build_prompt=functools.partial(build_prompt, intro=intro),
+                   project=project_action)
+
+
+def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dict,
+              score: list[float] | None = None) -> RolloutBatch:
     rows = [r for r in rows if not failed[r["traj_id"]]]
     col = {k: [r[k] for r in rows] for k in ("task_id", "traj_id", "step_id", "anchor", "prompt_ids",
                                               "response_ids", "sample_logp", "reward", "valid",
@@ -235,14 +266,16 @@ def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dic
         episode_won=np.asarray([won[i] for i in kept], bool),
         episode_task_type=[ttype[i] for i in kept],
         episode_length=np.asarray([length[i] for i in kept], np.int64),
-        num_failed=int(sum(failed)), timing=timing)
+        num_failed=int(sum(failed)), timing=timing,
+        episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64))
 
 
 def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-             rng=0, intro: str = ALFWORLD_INTRO, projection: str = "verl-agent",
-             progress: bool = False) -> dict[str, float]:
+             rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
+             projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
-    success overall ('all') and per task type, plus the number of episodes and failures.
+    success overall ('all') and per task type, plus the number of episodes and failures, and
+    'score' (the mean episode score) for an env that has one (spec.score_key).
 
     Use the paper's eval temperature (0.4) in `policy`. Episodes lost to env failures are
     reported in 'failed' and left out of the rates. In a multi-process run every process calls
@@ -254,23 +287,28 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
     n = env_pool.num_envs
     n_all, lo = n * jax.process_count(), n * jax.process_index()
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    won, types, failed = [], [], 0
+    won, types, scores, failed = [], [], [], 0
     for start in tqdm(range(0, len(tasks), n_all), desc="evaluate", unit="batch", disable=not progress):
         chunk = list(tasks[start:start + n_all])
         real = len(chunk)
         chunk += [chunk[-1]] * (n_all - real)  # fill the pools; the padding's results are ignored
         key, sub = jax.random.split(key)
         batch = collect_rollouts(policy, env_pool, chunk[lo:lo + n], 1, max_steps, memory_len,
-                                 rng=sub, intro=intro, projection=projection)
+                                 rng=sub, spec=spec, intro=intro, projection=projection)
+        score = (batch.episode_score.tolist() if batch.episode_score is not None
+                 else [0.0] * len(batch.episode_traj))
         episodes = [e for part in allgather_json(
-            [[lo + int(i), bool(w), t] for i, w, t in
-             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type)]) for e in part]
-        kept = {i for i, _, _ in episodes}
+            [[lo + int(i), bool(w), t, x] for i, w, t, x in
+             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type, score)]) for e in part]
+        kept = {e[0] for e in episodes}
         failed += sum(1 for i in range(real) if i not in kept)
-        for i, w, t in episodes:
+        for i, w, t, x in episodes:
             if i < real:
                 won.append(bool(w))
                 types.append(t)
+                scores.append(float(x))
     rates = success_rates(types, won) if won else {"all": 0.0}
+    if spec is not None and spec.score_key is not None:
+        rates["score"] = float(np.mean(scores)) if scores else 0.0
     rates.update({"episodes": float(len(won)), "failed": float(failed)})
     return rates

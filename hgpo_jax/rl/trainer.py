@@ -15,7 +15,6 @@ One iteration (docs/training.md):
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections import defaultdict
@@ -26,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
-from hgpo_jax.envs.toy import TOY_INTRO
+from hgpo_jax.envs.registry import get_env
 from hgpo_jax.rl.advantages import compute_step_advantages
 from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows, packed_shape
 from hgpo_jax.rl.grouping import hierarchy_stats
@@ -42,31 +41,6 @@ def build_loss_config(cfg) -> LossConfig:
     return LossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                       kl_coef=a.kl_coef, kl_type=a.kl_type, agg=a.loss_agg,
                       entropy_coef=a.entropy_coef)
-
-
-def make_env_fn(env_cfg):
-    """Picklable zero-argument env factory for the worker processes."""
-    if env_cfg.name == "alfworld":
-        from hgpo_jax.envs.alfworld import AlfworldEnv
-        return functools.partial(AlfworldEnv, max_steps=env_cfg.max_steps)
-    if env_cfg.name in ("toy", "toy-history"):
-        from hgpo_jax.envs.toy import ToyMemoryEnv, env_kwargs
-        return functools.partial(ToyMemoryEnv, max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
-    raise ValueError(f"unknown env {env_cfg.name!r}; use 'alfworld', 'toy' or 'toy-history'")
-
-
-def list_tasks(env_cfg, split: str) -> list:
-    """The task ids of a split: ALFWorld game paths, or toy task ints (disjoint per split)."""
-    if env_cfg.name == "alfworld":
-        from hgpo_jax.envs.alfworld import list_games
-        return list_games(split, env_cfg.data_dir)
-    offset = {"train": 0, "valid_seen": 100_000, "valid_unseen": 200_000, "valid_train": 300_000}
-    return [offset.get(split, 0) + i for i in range(1000 if split == "train" else 60)]
-
-
-def env_intro(env_cfg) -> str:
-    from hgpo_jax.envs.prompts import SYSTEM_INTRO
-    return SYSTEM_INTRO if env_cfg.name == "alfworld" else TOY_INTRO
 
 
 def advantage_options(algo) -> dict:
@@ -185,7 +159,8 @@ class Trainer(Run):
                                           self.shardings, self.opt_shardings)
         self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
 
-        self.sampler = TaskSampler(list_tasks(cfg.env, cfg.env.split), t.seed)
+        self.env_spec = get_env(cfg.env.name)
+        self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
         self.key = jax.random.PRNGKey(t.seed)
         self.np_rng = np.random.default_rng(t.seed + 1)
         self.iteration = 0
@@ -201,7 +176,7 @@ class Trainer(Run):
 
             r, e = self.cfg.rollout, self.cfg.env
             lo, hi = self.groups  # this process's groups
-            self._pool = EnvPool(make_env_fn(e), num_envs=(hi - lo) * r.group_size,
+            self._pool = EnvPool(self.env_spec.make_env(e), num_envs=(hi - lo) * r.group_size,
                                  num_workers=e.num_workers, step_timeout=e.step_timeout,
                                  reset_timeout=e.reset_timeout)
         return self._pool
@@ -235,7 +210,7 @@ class Trainer(Run):
         tasks = self.sampler.next(r.num_groups)[lo:hi]
         batch = collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
                                  cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                 intro=env_intro(cfg.env), projection=cfg.env.projection,
+                                 spec=self.env_spec, projection=cfg.env.projection,
                                  progress=self.progress)
         t_rollout = time.perf_counter()
         metrics = summary_metrics(dist.allgather_json(batch.summary())) if multi else batch.metrics()
@@ -354,11 +329,11 @@ class Trainer(Run):
 
         e = self.cfg.eval
         result = evaluate_split(
-            self.policy(e.temperature), self.pool, list_tasks(self.cfg.env, split),
+            self.policy(e.temperature), self.pool, self.env_spec.list_tasks(self.cfg.env, split),
             protocol=e.protocol, seeds=e.seeds, batches=e.batches, batch_size=e.batch_size,
             games=e.games if games is None else games, max_steps=self.cfg.env.max_steps,
             memory_len=self.cfg.env.memory_len, progress=self.progress,
-            rollout_kwargs={"intro": env_intro(self.cfg.env), "projection": self.cfg.env.projection})
+            rollout_kwargs={"spec": self.env_spec, "projection": self.cfg.env.projection})
         return {f"eval/{split}/{k}": v for k, v in result.items()}
 
     def close(self) -> None:

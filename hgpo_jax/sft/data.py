@@ -20,6 +20,7 @@ the skill), and any JSONL file of {"prompt": ..., "response": ...} chat turns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -139,7 +140,8 @@ def cached_alfworld_episodes(split: str, num_games: int, data_dir: str | None = 
                              progress: bool = False) -> list[Episode]:
     """Expert episodes of `num_games` games spread over a split (sorted paths, so every task
     type is covered), played once and cached as JSON lines under $HGPO_JAX_CACHE/expert/."""
-    from hgpo_jax.envs.alfworld import cache_root, list_games
+    from hgpo_jax.envs.alfworld import list_games
+    from hgpo_jax.envs.data import cache_root
 
     path = os.path.join(cache_root(), "expert", f"alfworld-{split}-{num_games}.jsonl")
     if os.path.isfile(path):
@@ -168,15 +170,20 @@ def load_episodes(path: str) -> list[Episode]:
 
 
 # ---------------------------------------------------------------------------------- samples
-def samples_from_episodes(episodes: Iterable[Episode], memory_len: int, intro: str) -> list[tuple[str, str]]:
-    """[(prompt text, response text)], one per step, exactly as the rollout builds the prompt."""
+def samples_from_episodes(episodes: Iterable[Episode], memory_len: int,
+                          prompt: str | Callable) -> list[tuple[str, str]]:
+    """[(prompt text, response text)], one per step, exactly as the rollout builds the prompt.
+
+    prompt: the env's prompt builder (`EnvSpec.build_prompt`), or a str: the first sentence of
+    ALFWorld's prompt (`build_prompt(..., intro=prompt)`)."""
+    if isinstance(prompt, str):
+        prompt = functools.partial(build_prompt, intro=prompt)
     out = []
     for ep in episodes:
         history: list[Turn] = []
         for step in ep.steps:
-            prompt = build_prompt(ep.task, step.observation, step.admissible, history, memory_len,
-                                  intro=intro)
-            out.append((prompt, response_text(step.action)))
+            text = prompt(ep.task, step.observation, step.admissible, history, memory_len)
+            out.append((text, response_text(step.action)))
             history.append(Turn(step.observation, step.action))
     return out
 

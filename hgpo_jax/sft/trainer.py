@@ -40,27 +40,23 @@ def nll_micro_loss(model, micro):
 def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
     """(train samples, held-out samples, info) for `cfg.sft`: recorded episodes of the config's
     env (held out by episode) or a JSONL file of turns (held out by turn)."""
-    from hgpo_jax.rl.trainer import env_intro, list_tasks
+    from hgpo_jax.envs.registry import get_env
 
     s, e = cfg.sft, cfg.env
+    spec = get_env(e.name)
     rng = np.random.default_rng(cfg.train.seed)
     if s.data in ("expert", "random"):
-        if e.name in ("toy", "toy-history"):
-            from hgpo_jax.envs.toy import env_kwargs
-
-            tasks = list_tasks(e, e.split)[:s.episodes]
-            episodes = sft_data.toy_episodes(tasks, s.data, seed=cfg.train.seed, max_steps=e.max_steps,
-                                             **env_kwargs(e.name))
-        elif s.data == "expert":
-            episodes = sft_data.cached_alfworld_episodes(e.split, s.episodes, e.data_dir, progress=True)
-        else:
-            raise ValueError("sft.data=random (random admissible actions) is implemented for the toy "
-                             "env only; use sft.data=expert for ALFWorld")
+        if spec.record_episodes is None:
+            raise ValueError(f"env {e.name!r} records no episodes; give sft.data a JSONL file of "
+                             "prompt/response turns")
+        episodes = spec.record_episodes(e, e.split, s.episodes, s.data, seed=cfg.train.seed,
+                                        progress=True)
         order = rng.permutation(len(episodes))
         n_held = int(round(s.heldout * len(episodes)))
         held = [episodes[i] for i in order[:n_held]]
         train = [episodes[i] for i in order[n_held:]]
-        texts = [sft_data.samples_from_episodes(part, e.memory_len, env_intro(e)) for part in (train, held)]
+        texts = [sft_data.samples_from_episodes(part, e.memory_len, spec.build_prompt)
+                 for part in (train, held)]
         info = {"episodes": len(train), "heldout_episodes": len(held),
                 "won": float(np.mean([ep.won for ep in episodes])) if episodes else 0.0}
     else:

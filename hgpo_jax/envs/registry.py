@@ -1,0 +1,82 @@
+"""The environments by name: what the trainer, SFT, evaluation and configs need of each.
+
+    spec = get_env("webshop")
+    env_fn = spec.make_env(cfg.env)            # picklable zero-argument factory for the workers
+    tasks = spec.list_tasks(cfg.env, "test")   # task ids of a split
+    prompt = spec.build_prompt(task, obs, info["admissible_actions"], history, memory_len)
+    action, valid = spec.project(reply, "verl-agent")
+    r = spec.train_reward(reward, info)        # the reward training sees
+
+Each env declares its specs in its own module as `ENV_SPECS = {name: EnvSpec}`; the modules are
+listed once in `PROVIDERS` (imported on first use). Adding an env is a folder with that
+declaration and one line here; nothing else in the system names envs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from functools import lru_cache
+
+PROVIDERS = ("hgpo_jax.envs.alfworld", "hgpo_jax.envs.toy", "hgpo_jax.envs.webshop")
+
+
+def env_reward(reward: float, info: dict) -> float:
+    """Training uses the env's own reward (ALFWorld: 10 on success)."""
+    return float(reward)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What the rest of the system needs of one environment.
+
+    make_env(env_cfg) -> a picklable zero-argument factory of envs (hgpo_jax.envs.base.Env);
+    list_tasks(env_cfg, split) -> the task ids of a split (what `env.reset` takes);
+    splits: the split names (train_split trains, eval_splits are the default evaluation);
+    build_prompt(task, observation, admissible_actions, history, memory_len) -> the user message;
+    project(reply, rules) -> (action, valid) (rules: hgpo_jax.envs.prompts.PROJECTIONS);
+    train_reward(reward, info) -> the reward of a step for training;
+    score_key: an info key holding an episode score to report beside success (None: none);
+    record_episodes(env_cfg, split, n, kind, *, seed, progress) -> n recorded episodes of a
+    split for `sft` (kind "expert", or "random" where the env has it; hgpo_jax.sft.data.Episode);
+    memory_len, max_steps: the paper's values for this env (shown in errors and docs).
+    """
+
+    name: str
+    make_env: Callable
+    list_tasks: Callable
+    splits: tuple[str, ...]
+    train_split: str
+    eval_splits: tuple[str, ...]
+    build_prompt: Callable
+    project: Callable
+    train_reward: Callable[[float, dict], float] = env_reward
+    score_key: str | None = None
+    record_episodes: Callable | None = None
+    memory_len: int = 2
+    max_steps: int = 50
+
+
+@lru_cache(maxsize=1)
+def _specs() -> dict[str, EnvSpec]:
+    specs: dict[str, EnvSpec] = {}
+    for module in PROVIDERS:
+        for name, spec in importlib.import_module(module).ENV_SPECS.items():
+            if name in specs:
+                raise ValueError(f"env {name!r} is declared twice ({module})")
+            specs[name] = spec
+    return specs
+
+
+def env_names() -> tuple[str, ...]:
+    """The names of every registered env."""
+    return tuple(_specs())
+
+
+def get_env(name: str) -> EnvSpec:
+    """The spec of env `name`; a clear error naming the known ones otherwise."""
+    specs = _specs()
+    if name not in specs:
+        raise ValueError(f"unknown env {name!r}; use one of {', '.join(specs)}")
+    return specs[name]
