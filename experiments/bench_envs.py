@@ -3,9 +3,11 @@
   python experiments/bench_envs.py                       # toy env, 16 envs, workers 1 2 4
   python experiments/bench_envs.py --quick               # smoke run, a few seconds
   python experiments/bench_envs.py --env alfworld --split valid_seen [--data-dir DIR]
+  python experiments/bench_envs.py --env webshop --split test [--data-dir DIR]
   python experiments/bench_envs.py --busy-ms 2           # toy env that burns 2 ms CPU per step
 
-M envs are reset on M tasks (toy: 0..M-1; alfworld: the first M games of the split), then stepped
+M envs are reset on M tasks (toy: 0..M-1; other envs: the first M tasks of the split, from the
+env registry: ALFWorld games, WebShop goals), then stepped
 as a batch: each running env takes an action drawn by a seeded RNG (one per env) from its
 info["admissible_actions"], so every worker count does exactly the same work. An env that is
 done waits; when all are done (or after --max-episode-steps batches) all are reset again, until S
@@ -57,16 +59,17 @@ def env_and_tasks(args) -> tuple:
         else:
             env_fn = functools.partial(ToyMemoryEnv, max_steps=50)
         return env_fn, list(range(args.num_envs))
-    try:
-        from hgpo_jax.envs.alfworld import AlfworldEnv, list_games
-    except ImportError as exc:
-        raise SystemExit(f"--env alfworld needs hgpo_jax.envs.alfworld (and textworld/alfworld "
-                         f"installed): {exc}") from exc
-    games = list_games(args.split, data_dir=args.data_dir)
-    if not games:
-        raise SystemExit(f"no ALFWorld games found for split {args.split!r}")
-    tasks = [games[i % len(games)] for i in range(args.num_envs)]
-    return functools.partial(AlfworldEnv, max_steps=50), tasks  # game paths are absolute
+    from hgpo_jax.config import EnvConfig
+    from hgpo_jax.envs.registry import get_env
+
+    spec = get_env(args.env)
+    env_cfg = EnvConfig(name=args.env, split=args.split or spec.eval_splits[0],
+                        data_dir=args.data_dir, max_steps=args.max_episode_steps)
+    found = spec.list_tasks(env_cfg, env_cfg.split)
+    if not found:
+        raise SystemExit(f"no {args.env} tasks found for split {env_cfg.split!r}")
+    tasks = [found[i % len(found)] for i in range(args.num_envs)]
+    return spec.make_env(env_cfg), tasks
 
 
 class InProcess:
@@ -138,18 +141,19 @@ def run(pool, tasks, num_steps: int, max_episode_steps: int, seed: int) -> dict:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--env", choices=["toy", "alfworld"], default="toy")
+    parser.add_argument("--env", choices=["toy", "alfworld", "webshop"], default="toy")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--num-envs", type=int, default=None, help="M (default 16, quick 4)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="batched steps S per worker count (default toy 400 / alfworld 40)")
+                        help="batched steps S per worker count (default toy 400 / others 40)")
     parser.add_argument("--workers", type=int, nargs="+", default=None,
                         help="worker counts (default 1 2 4; quick 1 2); 0 = in-process baseline "
                              "(always run)")
     parser.add_argument("--max-episode-steps", type=int, default=50)
     parser.add_argument("--busy-ms", type=float, default=0.0, help="toy: CPU ms burnt per step")
-    parser.add_argument("--split", default="valid_seen", help="alfworld split")
-    parser.add_argument("--data-dir", default=None, help="alfworld data folder")
+    parser.add_argument("--split", default=None, help="split of a registered env (default: its "
+                        "first evaluation split: alfworld valid_seen, webshop test)")
+    parser.add_argument("--data-dir", default=None, help="env data folder")
     parser.add_argument("--repeats", type=int, default=None, help="runs per worker count, best "
                         "reported (default 3, quick 1)")
     parser.add_argument("--seed", type=int, default=0)

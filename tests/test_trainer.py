@@ -67,6 +67,19 @@ def test_three_iterations_on_alfworld_via_the_cli(tmp_path, capsys):
                or k.startswith("success/") for k in history[0])
 
 
+def test_webshop_train_and_eval_via_the_cli(tmp_path, capsys):
+    """hgpo-jax train tiny_cpu_webshop (2 iterations) then hgpo-jax eval on the test goals."""
+    run = tmp_path / "ws"
+    assert cli_main(["train", "tiny_cpu_webshop", f"train.run_dir={run}", "train.iterations=2",
+                     "env.num_workers=1", "--no-progress"]) == 0
+    history = read_metrics(str(run))
+    assert_finite_metrics(history, 2)
+    assert "score/all" in history[0] and "success/all" in history[0]
+    assert cli_main(["eval", str(run), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "eval/test/all" in out and "eval/test/score" in out
+
+
 def test_resume_continues_exactly(tmp_path):
     """Iteration 2 after a stop-and-resume equals iteration 2 of an uninterrupted run."""
     with Trainer(toy_config(tmp_path / "straight", "train.iterations=2"), progress=False) as t:

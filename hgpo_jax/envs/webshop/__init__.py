@@ -49,6 +49,9 @@ def expert_actions(goal: dict, product) -> list[str]:
 
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
+    """n scripted purchases that score 1, on goals spread over the split (a goal whose scripted
+    purchase scores below 1, e.g. an attribute the reward cannot find in the product's text, is
+    replaced by the next goal of the split)."""
     import warnings
 
     from hgpo_jax.sft.data import play_episode, spread
@@ -57,8 +60,13 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
         raise ValueError("sft.data=random is implemented for the toy env only; use "
                          "sft.data=expert for WebShop")
     env = WebShopEnv(seed=env_cfg.seed, data_dir=env_cfg.data_dir)
-    out = []
-    for task in spread(_list_tasks(env_cfg, split), n):
+    tasks = _list_tasks(env_cfg, split)
+    first = spread(tasks, n)
+    chosen = set(first)
+    out, skipped = [], 0
+    for task in first + [t for t in tasks if t not in chosen]:
+        if len(out) == n:
+            break
         goal = env.engine.goal(env_cfg.seed, task)
         plan = expert_actions(goal, env.engine.by_asin[goal["asin"]])
         ep = play_episode(env, task, lambda obs, info, t, plan=plan: plan[t], len(plan),
@@ -66,7 +74,9 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
         if ep.won:
             out.append(ep)
         else:
-            warnings.warn(f"the scripted purchase of WebShop goal {task} did not score 1; skipped")
+            skipped += 1
+    if skipped:
+        warnings.warn(f"{skipped} WebShop goals skipped: their scripted purchase scored below 1")
     return out
 
 

@@ -1,0 +1,215 @@
+"""WebShop env: the golden expert episodes replayed observation for observation, pages the golden
+file does not show (from the original's templates), prompts byte for byte, projection, registry."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hgpo_jax.envs.prompts import Turn
+from hgpo_jax.envs.webshop import WebShopEngine, WebShopEnv, expert_actions, train_reward
+from hgpo_jax.envs.webshop import prompts as wp
+from hgpo_jax.envs.webshop.data import GOLDEN_FILE, WebShopDataError, resolve_data_dir
+from hgpo_jax.envs.webshop.env import parse_action
+from hgpo_jax.envs.webshop.pages import SEP, page_text
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return WebShopEngine()
+
+
+@pytest.fixture(scope="module")
+def golden(engine):
+    with open(os.path.join(engine.folder, GOLDEN_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture()
+def env(engine):
+    return WebShopEnv(seed=0, engine=engine)
+
+
+def test_expert_episodes_replay_exactly(engine, golden, env):
+    trajectories = golden["seed0_expert_trajectories"]
+    assert len(trajectories) == 10
+    for i, steps in enumerate(trajectories):
+        obs, info = env.reset(i)
+        assert obs == steps[0]["obs"] and info["available_actions"] == steps[0]["avail"]
+        for step in steps[1:]:
+            obs, reward, done, info = env.step(step["action"])
+            assert obs == step["obs"], (i, step["action"])
+            assert (reward, done) == (step["reward"], step["done"])
+            assert info["available_actions"] == step["avail"]  # after the buy: a fresh search page
+        assert info["won"] and info["task_score"] == 1.0 and train_reward(reward, info) == 10.0
+        # the scripted purchase used for SFT is the golden pattern
+        goal = engine.goals(0)[i]
+        assert expert_actions(goal, engine.by_asin[goal["asin"]]) == [s["action"] for s in steps[1:]]
+
+
+def test_contract_seed_and_goals(engine):
+    env = WebShopEnv(seed=0, engine=engine)
+    goals = engine.goals(0)
+    obs, info = env.reset(5)
+    assert obs == f"WebShop [SEP] Instruction: [SEP] {goals[5]['instruction_text']} [SEP] Search"
+    assert info["task"] == goals[5]["instruction_text"] and info["anchor"] == "'Search'"
+    assert info["admissible_actions"] == ["search[<your query>]", "click[search]"]
+    other = WebShopEnv(seed=1, engine=engine).reset(5)[1]["task"]
+    assert other == engine.goals(1)[5]["instruction_text"]
+
+
+def results_of(env, query):
+    obs, reward, done, info = env.step(f"search[{query}]")
+    return obs, info
+
+
+def test_results_pages_and_navigation(env, engine):
+    env.reset(0)
+    hits = engine.search("women shoes", 50)
+    obs, info = results_of(env, "women shoes")
+    assert len(hits) == 50
+    assert f"Page 1 (Total results: {len(hits)}) [SEP] Next > [SEP] {hits[0][0]}" in obs
+    assert "< Prev" not in obs
+    obs, _, _, info = env.step("click[next >]")
+    assert f"Page 2 (Total results: {len(hits)}) [SEP] < Prev [SEP] Next > [SEP] {hits[10][0]}" in obs
+    assert info["available_actions"]["clickables"][:3] == ["back to search", "< prev", "next >"]
+    for _ in range(4):
+        obs, _, _, info = env.step("click[next >]")
+    # page 6 is past the 50 results: no products, "Next >" still shown (the original's template)
+    assert obs.endswith("Page 6 (Total results: 50) [SEP] < Prev [SEP] Next >")
+    obs, _, _, _ = env.step("click[< prev]")
+    assert "Page 5 (Total results: 50)" in obs and hits[40][0] in obs
+
+
+def test_item_sub_pages_and_noops(env, engine):
+    product = next(p for p in engine.products if "" in p.bullet_points and p.options)
+    env.reset(0)
+    results_of(env, product.title.lower())
+    item, _, _, info = env.step(f"click[{product.asin.lower()}]")
+    assert item.endswith("Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+    # no-ops: unknown click, bad case, malformed, 'search' clicked, empty search
+    for bad in ("click[nothing here]", "Click[buy now]", "buy now", "click[search]", "search[]", None):
+        obs, reward, done, info2 = env.step(bad)
+        assert (obs, reward, done) == (item, 0.0, False) and info2["available_actions"] == info["available_actions"]
+    feats, _, _, _ = env.step("click[features]")
+    assert "" in feats.split(SEP)  # an empty bullet point leaves an empty segment
+    reviews, _, _, info = env.step("click[< prev]")
+    assert reviews == item
+    reviews, _, _, info = env.step("click[reviews]")
+    assert reviews.endswith("Back to Search [SEP] < Prev")
+    assert info["available_actions"] == {"has_search_bar": False, "clickables": ["back to search", "< prev"]}
+    # search works from any page, and "< Prev" on an item page searches again
+    obs, _, _, _ = env.step("search[red shoes]")
+    assert "Page 1 (Total results:" in obs
+
+
+def test_options_and_purchase(env, engine):
+    goals = engine.goals(0)
+    i = next(k for k, g in enumerate(goals) if len(g["goal_options"]) >= 2)
+    goal, product = goals[i], engine.by_asin[goals[i]["asin"]]
+    env.reset(i)
+    results_of(env, product.title.lower())
+    env.step(f"click[{product.asin.lower()}]")
+    # a wrong option first, then the right ones: the last click per option name counts
+    name, value = next(iter(goal["goal_options"].items()))
+    wrong = next(v for v in product.options[name] if v != value)
+    env.step(f"click[{wrong}]")
+    for v in goal["goal_options"].values():
+        env.step(f"click[{v}]")
+    obs, reward, done, info = env.step("click[buy now]")
+    expected = engine.reward(goal, product.asin, dict(goal["goal_options"]),
+                             engine.product_prices(0)[product.asin])[0]
+    assert done and reward == expected and info["task_score"] == expected
+    assert obs.startswith("Thank you for shopping with us!") and f"{SEP}{reward}{SEP}" in obs
+    assert info["anchor"] == obs  # the done page has no instruction: shown (and grouped) as is
+
+
+def test_parse_action():
+    assert parse_action("search[a [b] c]") == ("search[a ", "b] c")  # greedy, as the original
+    assert parse_action("click[< Prev]") == ("click", "< Prev")
+    assert parse_action("click") == ("click", None)
+
+
+def test_max_steps(engine):
+    env = WebShopEnv(seed=0, engine=engine, max_steps=2)
+    env.reset(0)
+    assert env.step("click[nothing]")[2] is False
+    assert env.step("click[nothing]")[2] is True
+
+
+def test_page_text_rule():
+    assert page_text(["a", "\n  ", " b ", " ", "", "c"]) == "a [SEP] b [SEP]  [SEP] c"
+
+
+# ------------------------------------------------------------------------------------ prompts
+def test_prompt_templates_bytes():
+    assert "e\u2011commerce environment. \nYour task" in wp.TEMPLATE_NO_HISTORY
+    assert "e\u2011commerce environment.\nYour task" in wp.TEMPLATE_WITH_HISTORY
+    for t in (wp.TEMPLATE_NO_HISTORY, wp.TEMPLATE_WITH_HISTORY):
+        assert t.startswith("\nYou are an expert autonomous agent") and t.endswith("tags.\n")
+        assert "are: \n[\n{available_actions}\n].\n\nNow it's your turn to take one action" in t
+        assert "<think> </think> tags. \nOnce you've finished" in t
+
+
+def test_prompt_without_and_with_history(env):
+    obs0, info0 = env.reset(0)
+    task = info0["task"]
+    p0 = wp.build_prompt(task, obs0, info0["admissible_actions"], [], 2)
+    assert p0 == wp.TEMPLATE_NO_HISTORY.format(
+        task_description=task, current_observation="'Search'",
+        available_actions="'search[<your query>]',\n'click[search]',")
+    obs1, _, _, info1 = env.step("search[jeans]")
+    obs2, _, _, info2 = env.step("click[next >]")
+    obs3, _, _, info3 = env.step("click[< prev]")
+    history = [Turn(obs0, "search[jeans]"), Turn(obs1, "click[next >]"), Turn(obs2, "click[< prev]")]
+    p3 = wp.build_prompt(task, obs3, info3["admissible_actions"], history, 2)
+    f1, f2, f3 = (wp.format_observation(o, task) for o in (obs1, obs2, obs3))
+    assert f1.startswith("'Back to Search' [SEP] 'Page 1 (Total results:")
+    memory = (f"[Observation 2: '{f1}', Action 2: 'click[next >]']\n"
+              f"[Observation 3: '{f2}', Action 3: 'click[< prev]']")
+    actions = "\n".join(f"'{a}'," for a in info3["admissible_actions"])
+    assert p3 == wp.TEMPLATE_WITH_HISTORY.format(
+        task_description=task, step_count=3, history_length=2, action_history=memory,
+        current_step=4, current_observation=f3, available_actions=actions)
+    assert info3["anchor"] == f3
+    # memory 0: never history; an over-long prompt falls back to the template without history
+    assert wp.build_prompt(task, obs3, info3["admissible_actions"], history, 0).startswith(
+        wp.TEMPLATE_NO_HISTORY[:80])
+    long = [Turn(obs1 + " x" * 7000, "click[next >]")]
+    assert "Prior to this step" not in wp.build_prompt(task, obs3, info3["admissible_actions"], long, 2)
+
+
+def test_projection_rules():
+    assert wp.project("<think>ok</think><action>Click[Buy Now]</action>") == ("click[buy now]", True)
+    reply = "<think>x</think> I would click the first result now"
+    assert wp.project(reply) == (reply.lower()[-20:], False)  # 20 characters (ALFWorld: 30)
+    assert wp.project("<action>search[x]</action>") == ("search[x]", False)  # no <think>
+    assert wp.project("<think>\u4e2d</think><action>search[x]</action>") == ("search[x]", False)
+
+
+# ------------------------------------------------------------------------------------ registry, data
+def test_registry_entry(tmp_path):
+    from hgpo_jax.config import load_config
+    from hgpo_jax.envs.registry import get_env
+
+    cfg = load_config("tiny_cpu_webshop")
+    spec = get_env("webshop")
+    assert spec.list_tasks(cfg.env, "test") == list(range(500))
+    train = spec.list_tasks(cfg.env, "train")
+    assert (train[0], train[-1], len(train)) == (500, 6909, 6410)
+    env = spec.make_env(cfg.env)()
+    assert env.max_steps == cfg.env.max_steps and spec.score_key == "task_score"
+    episodes = spec.record_episodes(cfg.env, "train", 3, "expert")
+    assert len(episodes) == 3 and all(ep.won for ep in episodes)
+    with pytest.raises(ValueError, match="unknown env 'webshp'"):
+        get_env("webshp")
+
+
+def test_data_errors(tmp_path, monkeypatch):
+    with pytest.raises(WebShopDataError, match="lacks"):
+        resolve_data_dir(tmp_path)
+    monkeypatch.setenv("WEBSHOP_DATA", str(tmp_path))
+    with pytest.raises(WebShopDataError, match=r"\$WEBSHOP_DATA"):
+        resolve_data_dir()
