@@ -2,60 +2,65 @@
 
 The original env indexes one Lucene document per product (field `contents`, see `document_text`)
 and searches it with `LuceneSearcher.search(query, k=50)`. `BM25Index` redoes that in Python and
-gives the same hits, in the same order, with the same scores (float32, bit for bit) on the
-project's 2,405 golden queries. What is reproduced:
+gives the same hits, in the same order, with the same float32 scores, bit for bit, on all 2,405
+golden queries of the small set (`lucene_top50.jsonl`). What is reproduced:
 
 Analyzer (Anserini `DefaultEnglishAnalyzer`, Porter; the same chain for documents and queries):
-1. Lucene `StandardTokenizer` (JFlex grammar `StandardTokenizerImpl.jflex`, UAX#29 word breaks
+1. Lucene `StandardTokenizer` (JFlex grammar `StandardTokenizerImpl.jflex`: UAX#29 word breaks
    on Unicode 9 plus UTS#51 emoji sequences). A token is the longest match, at the current
-   position, of one of: a word (letters, digits, `_`; `.`, `'`, `:`, `’`... inside letters and
-   `.`, `,`, `;`, `'`... inside digits, so `3.5`, `1,000`, `j.crew`, `don't`, `36w`, `a_b` stay
-   whole while `-` and `/` split), an emoji sequence, a run of South-East-Asian letters, or one
-   Han or Hiragana character. Anything else is skipped one character at a time. A token longer
-   than 255 UTF-16 units is cut at the longest match that fits in 255 (Lucene's scanner buffer).
+   position, of: a word (letters, digits, `_`; `.`, `'`, `:`, `’`... between two letters and
+   `.`, `,`, `;`, `'`... between two digits, so `3.5`, `1,000`, `j.crew`, `don't`, `36w`, `a_b`
+   stay whole while `-`, `/` and `&` split), an emoji sequence (`❤️`, `👍🏽`, ZWJ sequences, flags,
+   keycaps), a run of South-East-Asian letters, or one Han or Hiragana character. Anything else
+   is skipped a character at a time. A token longer than 255 UTF-16 units is cut to the longest
+   match within 255 (Lucene's scanner buffer).
 2. `EnglishPossessiveFilter`: a trailing `'s`, `’s` or `＇s` (`s` or `S`) is removed.
 3. `LowerCaseFilter`: Java's per-code-point `Character.toLowerCase` (no Greek final sigma, `İ` ->
    `i`), unlike Python's `str.lower`.
 4. `StopFilter` with Lucene's 33 English stop words (`STOP_WORDS`).
-5. `PorterStemFilter`: Lucene's classic Porter stemmer (Martin Porter's own C/Java version, with
-   its `bli -> ble` and `logi -> log` departures from the paper). nltk's
-   `PorterStemmer(mode=MARTIN_EXTENSIONS)` implements exactly that version; it gives Lucene's
-   stem for all 15,339 distinct terms of the small set's documents and golden queries. Lucene
-   stems UTF-16 code units, so characters outside the BMP are passed to nltk as surrogate pairs.
+5. `PorterStemFilter`: Lucene's classic Porter stemmer, which is Martin Porter's own version (with
+   its `bli -> ble` and `logi -> log` departures from the paper), not Snowball's. nltk's
+   `PorterStemmer(mode=MARTIN_EXTENSIONS)` implements that version: it gives Lucene's stem for
+   all 15,339 distinct terms of the small set's documents and golden queries (snowballstemmer's,
+   PyStemmer's and nltk's other modes differ on 33 to 192 of them). Lucene stems UTF-16 units, so
+   characters outside the BMP reach nltk as surrogate pairs.
 
 Query: Anserini's bag of words: each distinct analyzed term is a SHOULD clause whose boost is
 its count in the query.
 
-Scoring (Lucene 9 `BM25Similarity(k1=0.9, b=0.4)`, float32 where Lucene uses float):
-`idf = (float) ln(1 + (N - df + 0.5) / (df + 0.5))` in double, N = number of documents with at
-least one token; `avgdl = (float) (sumTotalTermFreq / N)`; a document's length (its number of
-tokens after stop-word removal) is stored as one byte, `SmallFloat.intToByte4`, and read back
-with `byte4ToInt` (exact below 24, 4 significant bits above); per length byte,
-`normInverse = 1 / (k1 * ((1 - b) + b * dl / avgdl))`; per term
+Scoring (Lucene 9 `BM25Similarity(k1=0.9, b=0.4)`, float32 wherever Lucene uses float):
+`idf = (float) ln(1 + (N - df + 0.5) / (df + 0.5))` computed in double, N = the number of
+documents with at least one token; `avgdl = (float) (sumTotalTermFreq / N)`; a document's length
+(its number of tokens after stop-word removal) is stored in one byte, `SmallFloat.intToByte4`,
+and read back with `byte4ToInt` (exact up to 39, then 4 significant bits); per length byte,
+`normInverse = 1 / (k1 * ((1 - b) + b * dl / avgdl))`; per term,
 `score = w - w / (1 + tf * normInverse)` with `w = boost * idf`. Lucene's disjunction scorers add
-the clause scores in double and cast the sum to float. (Sums of float32 scores of this range are
-exact in double, so the clause order does not matter.)
+the clause scores in double and cast the sum to float (float32 values within a factor 2^29 of
+one another add exactly in double, so the clause order does not matter).
 
 Order and returned scores: by raw float32 score, descending; equal scores by id, ascending
 (Anserini sorts the top hits by score, then by the `id` field). The returned scores are those of
-Anserini's `ScoreTiesAdjusterReranker`, in float32: each score is rounded to 4 decimals
-(`Math.round(s * 1e4f) / 1e4f`), and a hit within 1e-4 of the previous (adjusted) one gets
-`1e-6 * dup` subtracted, `dup` counting the run of such near ties.
+Anserini's `ScoreTiesAdjusterReranker`: rounded to 4 decimals (`round4`), and a hit within 1e-4
+of the previous (adjusted) one gets `1e-6 * dup` subtracted in float32, `dup` counting the run
+of such near ties.
 
-Why parts are hand-written: no Python package implements Lucene's `StandardTokenizer` (ICU-based
-segmenters follow newer UAX#29 rules and do not drop punctuation or build emoji tokens the same
-way), so the JFlex grammar is re-expressed as a `regex` pattern over Unicode properties that the
-`regex` module provides; Lucene's float32 BM25 arithmetic, lossy norms and tie adjustment are
-not available outside Lucene either. The stemmer is nltk's (see above).
+Why parts are hand-written: no Python package reproduces Lucene's `StandardTokenizer` (ICU
+segmenters follow newer UAX#29 rules and neither drop punctuation-only segments nor build emoji
+tokens the same way), so its grammar is re-expressed as a pattern of the `regex` module, whose
+Unicode properties (Word_Break, Script, Line_Break) supply the character classes and whose POSIX
+mode gives JFlex's longest match; a test checks it against a literal transcription of the JFlex
+rules. The emoji classes are Unicode 14 code point tables, as Lucene's ICU 70 data, because the
+`regex` module's Extended_Pictographic lacks many of them (U+2605 BLACK STAR...). Lucene's float32
+BM25 arithmetic, lossy norms and tie adjustment exist nowhere outside Lucene either.
 
-Known gaps (none occurs in the WebShop small set): the `regex` module uses a newer Unicode than
-Lucene's Unicode 9 tables, so characters assigned or re-classified after Unicode 9 (new letters
-and ideographs, some Word_Break changes) can tokenize differently; emoji data differ only for
-code points assigned after Unicode 14; Java 11's `toLowerCase` tables are Unicode 10. URLs and
-e-mail addresses are split as the plain `StandardTokenizer` does (no `UAX29URLEmailTokenizer`).
+Known gaps (none occurs in the small set's documents or golden queries): the `regex` module's
+Unicode is newer than Lucene's Unicode 9 tables, so characters assigned or given another
+Word_Break value after Unicode 9 can tokenize differently; Java 11 lower-cases with Unicode 10;
+the 255-unit cut is modelled on JFlex's buffer, not checked against Lucene (no token there is
+longer than 170 characters); URLs and e-mail addresses are split as StandardTokenizer does.
 
-`PyseriniSearcher` is the optional real thing, for a user who has pyserini and a Lucene index
-(for example the full 1.18M-product catalogue).
+`PyseriniSearcher` is the optional original backend, for a user with pyserini and a Lucene index
+(for example of the full 1.18M-product catalogue).
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ _APOSTROPHES = "'\u2019\uff07"
 # UAX#29 WB4: Extend, Format and ZWJ attach to the character before them. In Unicode 9 the emoji
 # skin-tone modifiers had their own Word_Break value (E_Modifier), not Extend.
 _EFZ = r"[[\p{WB=Format}\p{WB=Extend}\p{WB=ZWJ}]--[\U0001F3FB-\U0001F3FF]]"
-_EFZ_NO_SELECTOR = r"[[\p{WB=Format}\p{WB=Extend}\p{WB=ZWJ}]--[\U0001F3FB-\U0001F3FF\uFE0E\uFE0F]]"
+_EFZ_NO_SELECTOR = (r"[[\p{WB=Format}\p{WB=Extend}\p{WB=ZWJ}]"
+                    r"--[\U0001F3FB-\U0001F3FF\uFE0E\uFE0F]]")
 
 
 def _ext(char_class: str) -> str:
@@ -90,9 +96,11 @@ def _ext(char_class: str) -> str:
     return f"(?:{char_class}{_EFZ}*)"
 
 
-_LETTER = _ext(r"[\p{WB=ALetter}\p{WB=Hebrew_Letter}]")
+_LETTER_CLASS = r"[\p{WB=ALetter}\p{WB=Hebrew_Letter}]"
+_DIGIT_CLASS = r"[\p{WB=Numeric}[\p{Block=Halfwidth_And_Fullwidth_Forms}&&\p{Nd}]]"
+_LETTER = _ext(_LETTER_CLASS)
+_DIGIT = _ext(_DIGIT_CLASS)
 _HEBREW = _ext(r"\p{WB=Hebrew_Letter}")
-_DIGIT = _ext(r"[\p{WB=Numeric}[\p{Block=Halfwidth_And_Fullwidth_Forms}&&\p{Nd}]]")
 _KATAKANA = _ext(r"\p{WB=Katakana}")
 _MID_LETTER = _ext(r"[\p{WB=MidLetter}\p{WB=MidNumLet}\p{WB=Single_Quote}]")
 _MID_NUM = _ext(r"[\p{WB=MidNum}\p{WB=MidNumLet}\p{WB=Single_Quote}]")
@@ -100,14 +108,24 @@ _CONNECTOR = _ext(r"\p{WB=ExtendNumLet}")
 _SINGLE_QUOTE = _ext(r"\p{WB=Single_Quote}")
 _DOUBLE_QUOTE = _ext(r"\p{WB=Double_Quote}")
 
-# WB5-WB13b: letters and digits join (directly, through connectors such as `_`, or through one
-# mid character between two letters / two digits); katakana joins katakana, and the rest only
-# through connectors.
-_NUMBER_RUN = f"{_DIGIT}(?:{_CONNECTOR}*{_DIGIT}|{_MID_NUM}{_DIGIT})*"
-_LETTER_RUN = f"{_LETTER}(?:{_CONNECTOR}*{_LETTER}|{_MID_LETTER}{_LETTER})*"
-_KATAKANA_RUN = f"{_KATAKANA}(?:{_CONNECTOR}*{_KATAKANA})*"
+# WB5-WB13b. Lucene's word rule is, with E = connector (ExtendNumLet, e.g. '_'):
+#   E* U (E+ U)* E*,
+#   U = K (E* K)* | (H (SQ | DQ H) | N ((E* | MidNum) N)* | L ((E* | MidLetter) L)*)+
+# (K katakana, H Hebrew letter, N digit, L letter, SQ/DQ single/double quote): letters and digits
+# join directly or through connectors, and through one mid character between two letters or two
+# digits; katakana joins katakana; the rest joins only through connectors. The same language is
+# written here without the rule's run ambiguities, which make a longest-match search exponential
+# ("aaa" could be one run or three): connectors only between units, and a letter run never
+# directly after a letter (but for the closing H of H DQ H), nor a digit run after a digit.
+_NUMBER_RUN = f"{_DIGIT}(?:{_DIGIT}|{_MID_NUM}{_DIGIT})*"
+_LETTER_RUN = f"{_LETTER}(?:{_LETTER}|{_MID_LETTER}{_LETTER})*"
 _HEBREW_QUOTE = f"{_HEBREW}(?:{_SINGLE_QUOTE}|{_DOUBLE_QUOTE}{_HEBREW})"
-_UNIT = f"(?:{_KATAKANA_RUN}|(?:{_HEBREW_QUOTE}|{_NUMBER_RUN}|{_LETTER_RUN})+)"
+_NOT_AFTER_DIGIT = f"(?<!{_DIGIT_CLASS}{_EFZ}*)"
+_NOT_AFTER_LETTER = f"(?<!(?<!\\p{{WB=Double_Quote}}{_EFZ}*){_LETTER_CLASS}{_EFZ}*)"
+_ALNUM_UNIT = (f"(?:{_HEBREW_QUOTE}|{_NUMBER_RUN}|{_LETTER_RUN})"
+               f"(?:{_HEBREW_QUOTE}|{_NOT_AFTER_DIGIT}{_NUMBER_RUN}"
+               f"|{_NOT_AFTER_LETTER}{_LETTER_RUN})*")
+_UNIT = f"(?:{_KATAKANA}+|{_ALNUM_UNIT})"
 _WORD = f"{_CONNECTOR}*{_UNIT}(?:{_CONNECTOR}+{_UNIT})*{_CONNECTOR}*"
 
 # UTS#51 emoji sequences (Lucene's EMOJI rule): presentation/modifier sequences joined by ZWJ or
@@ -158,10 +176,11 @@ _HIRAGANA = _ext(r"\p{Script=Hiragana}")
 # Lucene's NUMERIC, HANGUL and KATAKANA rules match subsets of _WORD; only the length matters.
 _TOKEN = f"{_EMOJI}|{_WORD}|{_SOUTHEAST_ASIAN}|{_HAN}|{_HIRAGANA}"
 
-# JFlex takes the longest match; POSIX mode does too but is slow, so the backtracking pattern
-# finds each token and the POSIX one re-measures it wherever non-ASCII text makes the greedy
-# choice possibly shorter (emoji ZWJ sequences, keycaps followed by letters, Hebrew quotes).
-_TOKEN_FIRST = regex.compile(_TOKEN, regex.V1)
+# JFlex takes the longest match at each position: the `regex` module's POSIX mode, used on at
+# most Lucene's 255-unit buffer from a token's start (the backtracking pattern finds the starts:
+# any match there is fine, its length is not used). The rewritten word rule keeps the POSIX
+# search fast; the literal one takes ~0.5 s for a 255-letter word.
+_TOKEN_START = regex.compile(_TOKEN, regex.V1)
 _TOKEN_LONGEST = regex.compile(_TOKEN, regex.V1 | regex.POSIX)
 # Pure-ASCII text, where the rules reduce to: [A-Za-z0-9_] join; ':' '.' "'" join two letters;
 # ',' ';' '.' "'" join two digits; a token holds at least one letter or digit.
@@ -172,33 +191,25 @@ _SPACE = regex.compile(r"[ \t\n\r\f\v]")
 _SPACE_BACKWARD = regex.compile(r"[ \t\n\r\f\v]", regex.REVERSE)
 
 
-def _utf16_end(text: str, start: int, units: int) -> int:
-    """The largest end such that text[start:end] is at most `units` UTF-16 code units long."""
-    end, used = start, 0
-    while end < len(text):
-        used += 2 if ord(text[end]) > 0xFFFF else 1
-        if used > units:
-            break
+def _buffer_end(text: str, start: int) -> int:
+    """End of the longest text[start:end] that fits in MAX_TOKEN_LENGTH UTF-16 code units."""
+    end = min(len(text), start + MAX_TOKEN_LENGTH)
+    if max(text[start:end], default="\0") <= "\uffff":
+        return end
+    units, end = 0, start
+    while end < len(text) and units + 1 + (text[end] > "\uffff") <= MAX_TOKEN_LENGTH:
+        units += 1 + (text[end] > "\uffff")
         end += 1
     return end
 
 
-def _longest_token_end(text: str, start: int) -> int:
-    """End of Lucene's token at `start` (longest match within the 255-unit scanner buffer)."""
-    limit = _utf16_end(text, start, MAX_TOKEN_LENGTH)
-    return _TOKEN_LONGEST.match(text, start, limit).end()
-
-
 def _tokenize_any(text: str) -> list[str]:
     """StandardTokenizer terms of any text (the general, slower path)."""
-    tokens, pos, n = [], 0, len(text)
-    while (match := _TOKEN_FIRST.search(text, pos)) is not None:
-        start, end = match.span()
-        if (end - start > MAX_TOKEN_LENGTH // 2 or not match.group().isascii()
-                or (end < n and not text[end].isascii())):
-            end = _longest_token_end(text, start)
-        tokens.append(text[start:end])
-        pos = end
+    tokens, pos = [], 0
+    while (found := _TOKEN_START.search(text, pos)) is not None:
+        start = found.start()
+        pos = _TOKEN_LONGEST.match(text, start, _buffer_end(text, start)).end()
+        tokens.append(text[start:pos])
     return tokens
 
 
@@ -279,7 +290,8 @@ def _to_utf16_units(word: str) -> str:
 
 @lru_cache(maxsize=1 << 17)
 def porter_stem(token: str) -> str:
-    """Lucene PorterStemFilter on one lower-cased token: 'running' -> 'run', 'geology' -> 'geologi'."""
+    """Lucene PorterStemFilter on one lower-cased token: 'running' -> 'run', 'geology' -> 'geologi'.
+    """
     if token.isascii() or max(token) <= "\uffff":
         return _porter().stem(token, to_lowercase=False)
     stem = _porter().stem(_to_utf16_units(token), to_lowercase=False)
@@ -364,12 +376,12 @@ def norm_inverse_table(k1: float, b: float, avgdl: np.float32) -> np.ndarray:
 
 
 def round4(score: np.float32) -> np.float32:
-    """A raw float32 score rounded to 4 decimals, as the golden file has it.
+    """A raw float32 score rounded to 4 decimals, as Anserini returns it.
 
-    `Math.round(s * 1e4) / 1e4` with the product taken exactly (in double) and halves rounded up,
-    then stored as float32. The product is not rounded to float32 first: in the golden file, the
-    329 scores whose float32 product is exactly x.5 are rounded up or down as the exact product
-    says (14.39694977f -> 14.3969, not 14.3970).
+    `Math.round(s * 1e4) / 1e4` stored as float32, with the product taken exactly (in double) and
+    halves rounded up. The product is not rounded to float32 first: the golden file rounds the
+    hundreds of scores whose float32 product is exactly x.5 as their exact product says
+    (14.39694977f * 1e4 = 143969.4977: 14.3969, where the float32 product 143969.5 gives 14.397).
     """
     return np.float32(math.floor(float(score) * 1e4 + 0.5) / 1e4)
 
@@ -418,22 +430,21 @@ class BM25Index:
                      for text in texts]
         lengths = np.array([len(terms) for terms in doc_terms], dtype=np.int64)
         self.doc_count = int(np.count_nonzero(lengths))  # documents with the field
-        self.avgdl = np.float32(lengths.sum() / max(self.doc_count, 1))
+        self.avgdl = np.float32(lengths.sum() / self.doc_count if self.doc_count else 0.0)
         # One entry per (term, document) with its term frequency, sorted by term then document.
         n_docs = max(len(self.ids), 1)
-        keys = (np.concatenate([np.array(t, dtype=np.int64) for t in doc_terms] or [[]])
-                * n_docs + np.repeat(np.arange(len(doc_terms)), lengths))
-        keys, tfs = np.unique(keys.astype(np.int64), return_counts=True)
+        flat_terms = np.array([t for terms in doc_terms for t in terms], dtype=np.int64)
+        keys, tfs = np.unique(flat_terms * n_docs + np.repeat(np.arange(len(self.ids)), lengths),
+                              return_counts=True)
         terms, self.post_docs = keys // n_docs, (keys % n_docs).astype(np.int32)
         doc_freq = np.bincount(terms, minlength=len(self.term_ids))
         self.offsets = np.concatenate([[0], np.cumsum(doc_freq)])
         norm_bytes = np.array([int_to_byte4(int(n)) for n in lengths], dtype=np.intp)
-        norm_inverse = norm_inverse_table(k1, b, self.avgdl)[norm_bytes]
+        norm_inverse = norm_inverse_table(k1, b, self.avgdl if self.doc_count else np.float32(1))
         self.post_denominators = (np.float32(1) + tfs.astype(np.float32)
-                                  * norm_inverse[self.post_docs])
-        idf_by_df = np.array([bm25_idf(df, self.doc_count) for df in range(len(self.ids) + 1)],
-                             dtype=np.float32)
-        self.idf = idf_by_df[doc_freq]
+                                  * norm_inverse[norm_bytes][self.post_docs])
+        idf_of = {df: bm25_idf(df, self.doc_count) for df in set(doc_freq.tolist())}
+        self.idf = np.array([idf_of[df] for df in doc_freq.tolist()], dtype=np.float32)
         # Rank of each id in ascending order, the tie-break of equal scores.
         self._id_rank = np.argsort(np.argsort(np.array(self.ids, dtype=object), kind="stable"))
 
