@@ -157,6 +157,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=None, help="runs per worker count, best "
                         "reported (default 3, quick 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the rows (and the settings) here")
     args = parser.parse_args(argv)
     if args.num_envs is None:
         args.num_envs = 4 if args.quick else 16
@@ -194,6 +195,11 @@ def main(argv=None) -> list[dict]:
         name = "in-process" if r["workers"] == 0 else str(r["workers"])
         print(f"{name:>11} | {r['resets_per_s']:9.1f} | {r['steps_per_s']:9.1f} | "
               f"{r['speedup']:7.2f}x | {r['steps']:9d} | {r['failed']}")
+    if args.json:
+        import json
+
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"settings": vars(args), "cpu_cores": os.cpu_count(), "rows": rows}, f, indent=1)
     return rows
 
 
