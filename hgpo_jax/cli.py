@@ -42,7 +42,7 @@ def cmd_demo(args) -> int:
     from hgpo_jax.models.local import resolve_model_path
 
     model_dir = resolve_model_path("tiny") if args.model is None else args.model
-    model = load_pretrained(model_dir, dtype=args.dtype, progress=True)
+    model = load_pretrained(model_dir, dtype=args.dtype, progress=show_progress(args))
     tokenizer = load_tokenizer(model_dir)
     cfg = model.config
     print(f"model: {model_dir}\n  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
@@ -62,6 +62,12 @@ def cmd_demo(args) -> int:
     if args.model is None:
         print("(random weights: the reply is noise; pass --model DIR for a real checkpoint)")
     return 0
+
+
+def show_progress(args) -> bool:
+    """Redrawn progress bars only on a terminal: with stderr redirected (CI, `make run > log`)
+    runs print one line per iteration or step instead of tqdm's carriage-return frames."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
 def _summary(history: list[dict], start: int = 0) -> str:
@@ -118,7 +124,7 @@ def cmd_train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     say = _printer(start_distributed(args, cfg))
     say(format_config(cfg), flush=True)
-    with Trainer(cfg, resume=args.resume, progress=not args.no_progress) as trainer:
+    with Trainer(cfg, resume=args.resume, progress=show_progress(args)) as trainer:
         start = trainer.iteration
         if args.resume:
             say(f"resuming {trainer.run_dir} at iteration {start}", flush=True)
@@ -167,7 +173,7 @@ def cmd_eval(args) -> int:
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
            if e.protocol == "verl-agent" else "each game once")
-    with Trainer(cfg, resume=resume, progress=not args.no_progress) as trainer:
+    with Trainer(cfg, resume=resume, progress=show_progress(args)) as trainer:
         say(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
             f"({how}), temperature {e.temperature}", flush=True)
         results = {}
@@ -186,7 +192,7 @@ def cmd_sft(args) -> int:
     cfg = load_config(args.config, args.overrides)
     say = _printer(start_distributed(args, cfg))
     say(format_config(cfg), flush=True)
-    with SftTrainer(cfg, resume=args.resume, progress=not args.no_progress) as trainer:
+    with SftTrainer(cfg, resume=args.resume, progress=show_progress(args)) as trainer:
         start = trainer.step
         info = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in trainer.data_info.items())
@@ -212,7 +218,7 @@ def cmd_export(args) -> int:
     if not is_run_dir(args.run_dir):
         raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
                                 "checkpoints/)")
-    model, tokenizer, _ = load_model(args.run_dir, progress=True)
+    model, tokenizer, _ = load_model(args.run_dir, progress=show_progress(args))
     out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, overwrite=args.overwrite)
     print(f"exported the latest checkpoint of {args.run_dir} to {out}")
     return 0

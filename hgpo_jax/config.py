@@ -764,6 +764,18 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if sum(n == -1 for n in sizes.values()) > 1:
         p.append(f"mesh: at most one axis may be -1 (all remaining devices), got {sizes}; "
                  "give the others explicit sizes")
+    data_parallel = cfg.mesh.data * cfg.mesh.fsdp  # every micro-batch is split over both axes
+    if cfg.mesh.data >= 1 and cfg.mesh.fsdp >= 1 and t.micro_batch_size >= 1 \
+            and t.micro_batch_size % data_parallel:
+        fits = [m for m in range(data_parallel, t.mini_batch_size + 1, data_parallel)
+                if t.mini_batch_size % m == 0]
+        near = [m for m in fits if m >= t.micro_batch_size] or fits  # closest to the setting
+        fix = (f"set train.micro_batch_size={near[0] if near[0] >= t.micro_batch_size else near[-1]}"
+               if fits else
+               f"make train.mini_batch_size and train.micro_batch_size multiples of {data_parallel}")
+        p.append(f"train.micro_batch_size={t.micro_batch_size} cannot be split over the "
+                 f"data-parallel size mesh.data x mesh.fsdp = {data_parallel}: {fix}, or use a "
+                 f"mesh whose data x fsdp divides {t.micro_batch_size}")
     at_least("dist.heartbeat_timeout_s", cfg.dist.heartbeat_timeout_s, 1)
     at_least("dist.init_timeout_s", cfg.dist.init_timeout_s, 1)
     return p

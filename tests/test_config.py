@@ -338,6 +338,9 @@ def test_overrides_must_be_a_list():
     ("mesh.data=0", r"mesh.data=0: must be a positive size, or -1"),
     ("mesh.tensor=-2", "mesh.tensor"),
     ("mesh.fsdp=-1", "at most one axis may be -1"),
+    ("mesh.data=3", r"micro_batch_size=32 cannot be split over the data-parallel size mesh.data x "
+                    r"mesh.fsdp = 3: make train.mini_batch_size and train.micro_batch_size multiples of 3"),
+    ("mesh.data=64", r"data-parallel size mesh.data x mesh.fsdp = 64: set train.micro_batch_size=64,"),
 ])
 def test_semantic_errors(override, match):
     with pytest.raises(ConfigError, match=match) as e:

@@ -201,3 +201,43 @@ def test_bad_config_fails_before_anything_starts(tmp_path, capsys):
     assert cli_main(["train", "tiny_cpu", "algo.k=4", f"train.run_dir={tmp_path}/x"]) == 2
     assert "algo.K" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_summary_rows_are_numbered_by_the_real_iteration():
+    from hgpo_jax.cli import _summary
+
+    text = _summary([{"success/all": 0.5}, {"success/all": 0.75}], start=4)  # a run resumed at 4
+    assert [line.split()[0] for line in text.splitlines()[1:]] == ["5", "6"]
+
+
+def test_a_failed_start_closes_the_checkpointer(tmp_path, monkeypatch):
+    """An error after the checkpoint manager exists (here: the env lookup) closes it, instead of
+    leaving Orbax's event loop to be collected later ("Event loop is closed")."""
+    from hgpo_jax.rl import checkpoint
+    from hgpo_jax.rl import trainer as trainer_module
+
+    closed, close = [], checkpoint.Checkpointer.close
+    monkeypatch.setattr(checkpoint.Checkpointer, "close", lambda self: (closed.append(self), close(self)))
+
+    def broken(name):
+        raise RuntimeError("no such env today")
+
+    monkeypatch.setattr(trainer_module, "get_env", broken)
+    with pytest.raises(RuntimeError, match="no such env today"):
+        Trainer(toy_config(tmp_path / "x"), progress=False)
+    assert len(closed) == 1
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    import argparse
+
+    from hgpo_jax.cli import show_progress
+    from hgpo_jax.sft.trainer import progress_line
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert not show_progress(argparse.Namespace(no_progress=False))  # CI, `make run > log`
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert show_progress(argparse.Namespace(no_progress=False))
+    assert not show_progress(argparse.Namespace(no_progress=True))
+    line = progress_line(100, 2000, {"train/nll": 1.5, "heldout/nll": 2.0, "time/step": 0.5})
+    assert line == "step   100/2000  nll 1.5000  held-out nll 2.0000  0.50s"

@@ -149,24 +149,28 @@ class Trainer(Run):
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates)
-        # whole groups per process (group statistics never need another process's envs)
-        self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
-        self.procs = jax.process_count()
-        self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in PPO_BATCH.items()}
-        self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
-        self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
-                                          t.mini_batch_size // t.micro_batch_size, self.mesh,
-                                          self.shardings, self.opt_shardings)
-        self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
-
-        self.env_spec = get_env(cfg.env.name)
-        self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
-        self.key = jax.random.PRNGKey(t.seed)
-        self.np_rng = np.random.default_rng(t.seed + 1)
-        self.iteration = 0
         self._pool = None
-        if resume:
-            self.restore()
+        try:  # a failure past this point must still close the checkpointer and logger
+            # whole groups per process (group statistics never need another process's envs)
+            self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
+            self.procs = jax.process_count()
+            self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in PPO_BATCH.items()}
+            self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
+            self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
+                                              t.mini_batch_size // t.micro_batch_size, self.mesh,
+                                              self.shardings, self.opt_shardings)
+            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
+
+            self.env_spec = get_env(cfg.env.name)
+            self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
+            self.key = jax.random.PRNGKey(t.seed)
+            self.np_rng = np.random.default_rng(t.seed + 1)
+            self.iteration = 0
+            if resume:
+                self.restore()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def pool(self):

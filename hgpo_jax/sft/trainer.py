@@ -37,7 +37,15 @@ def nll_micro_loss(model, micro):
     return nll, {"nll": jax.lax.stop_gradient(nll)}
 
 
-def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
+def progress_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """One line per reported step when no progress bar is drawn (a log file, CI)."""
+    parts = [f"step {step:>5}/{total}"]
+    parts += [f"{label} {metrics[k]:.4f}" for k, label in
+              (("train/nll", "nll"), ("heldout/nll", "held-out nll")) if k in metrics]
+    return "  ".join(parts + [f"{metrics.get('time/step', float('nan')):.2f}s"])
+
+
+def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, dict]:
     """(train samples, held-out samples, info) for `cfg.sft`: recorded episodes of the config's
     env (held out by episode) or a JSONL file of turns (held out by turn)."""
     from hgpo_jax.envs.registry import get_env
@@ -50,7 +58,7 @@ def build_samples(cfg, tokenizer) -> tuple[list, list, dict]:
             raise ValueError(f"env {e.name!r} records no episodes; give sft.data a JSONL file of "
                              "prompt/response turns")
         episodes = spec.record_episodes(e, e.split, s.episodes, s.data, seed=cfg.train.seed,
-                                        progress=True)
+                                        progress=progress)
         order = rng.permutation(len(episodes))
         n_held = int(round(s.heldout * len(episodes)))
         held = [episodes[i] for i in order[:n_held]]
@@ -85,25 +93,29 @@ class SftTrainer(Run):
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
-        s, t = cfg.sft, cfg.train
-        self.micro = sft_micro_batch_size(cfg)
-        self.procs = jax.process_count()
-        if self.micro % self.procs:
-            raise ValueError(f"SFT micro-batches of {self.micro} rows (the largest divisor of "
-                             f"sft.batch_size={s.batch_size} <= train.micro_batch_size) cannot be "
-                             f"split over {self.procs} processes; make both multiples of {self.procs}")
-        self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
-        self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer)
-        self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
-                                        s.batch_size // self.micro, SFT_BATCH, self.mesh,
-                                        self.shardings, self.opt_shardings)
-        self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
-        self.np_rng = np.random.default_rng(t.seed + 1)
-        self.order = self.np_rng.permutation(len(self.train_samples))
-        self.cursor = 0
-        self.step = 0
-        if resume:
-            self.restore()
+        try:  # a failure past this point must still close the checkpointer and logger
+            s, t = cfg.sft, cfg.train
+            self.micro = sft_micro_batch_size(cfg)
+            self.procs = jax.process_count()
+            if self.micro % self.procs:
+                raise ValueError(f"SFT micro-batches of {self.micro} rows (the largest divisor of "
+                                 f"sft.batch_size={s.batch_size} <= train.micro_batch_size) cannot be "
+                                 f"split over {self.procs} processes; make both multiples of {self.procs}")
+            self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
+            self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer, self.progress)
+            self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
+                                            s.batch_size // self.micro, SFT_BATCH, self.mesh,
+                                            self.shardings, self.opt_shardings)
+            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
+            self.np_rng = np.random.default_rng(t.seed + 1)
+            self.order = self.np_rng.permutation(len(self.train_samples))
+            self.cursor = 0
+            self.step = 0
+            if resume:
+                self.restore()
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ state
     def meta(self) -> dict:
@@ -186,6 +198,9 @@ class SftTrainer(Run):
                 bar.update(1)
                 bar.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in
                                  ("train/nll", "heldout/nll") if k in metrics})
+                if not self.progress and self.main and (
+                        self.step % max(1, s.steps // 20) == 0 or "heldout/nll" in metrics):
+                    print(progress_line(self.step, s.steps, metrics), flush=True)
                 if self.should_save(self.step, s.save_every, s.steps):
                     self.save(self.step)
         return history
