@@ -3,6 +3,7 @@
 import functools
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -227,6 +228,23 @@ def test_transformers_sharded_and_bf16_checkpoints_load(tmp_path):
     assert model16.model.layers[0].mlp.up_proj.kernel[...].dtype == jnp.bfloat16
 
 
+def test_export_into_an_existing_empty_folder(tmp_path):
+    """As transformers' save_pretrained: an existing empty folder (tempfile.mkdtemp()) is used; a
+    non-empty one still needs overwrite=True; a file path is refused."""
+    import tempfile
+
+    folder = tmp_path / "hf"
+    build_hf_model(TINY_SHAPES["tied_gqa2"], folder)
+    model = load_pretrained(folder)
+    empty = tempfile.mkdtemp(dir=tmp_path)
+    assert save_pretrained(model, empty) == empty and "config.json" in os.listdir(empty)
+    with pytest.raises(FileExistsError, match="not empty; pass overwrite=True"):
+        save_pretrained(model, empty)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(FileExistsError, match="is a file"):
+        save_pretrained(model, tmp_path / "a_file")
+
+
 def test_export_overwrite_is_atomic(tmp_path, monkeypatch):
     folder = tmp_path / "hf"
     build_hf_model(TINY_SHAPES["tied_gqa2"], folder)
@@ -374,16 +392,139 @@ def test_missing_tensor_is_named(good_dir):
 
 def test_truncated_or_corrupt_safetensors_are_refused(good_dir):
     path = good_dir / "model.safetensors"
+    named = re.escape(str(path))
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(SafetensorsError, match="truncated"):
+    with pytest.raises(SafetensorsError, match=f"{named}: file truncated"):
         load_pretrained(good_dir)
     path.write_bytes(b"\x05\x00")
-    with pytest.raises(SafetensorsError, match="too short"):
+    with pytest.raises(SafetensorsError, match=f"{named}: file is too short"):
         load_pretrained(good_dir)
     path.write_bytes((10).to_bytes(8, "little") + b"not json!!" + b"\0" * 16)
-    with pytest.raises(SafetensorsError, match="not valid JSON"):
+    with pytest.raises(SafetensorsError, match=f"{named}: header is not valid JSON"):
         load_pretrained(good_dir)
+
+
+def _st_header(header: dict, data: bytes = b"") -> bytes:
+    blob = json.dumps(header).encode()
+    return len(blob).to_bytes(8, "little") + blob + data
+
+
+F32_1 = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+BAD_FILES = {  # name -> (file bytes, None for no file, a folder for "dir"), expected message
+    "missing": (None, "no such file"),
+    "folder": ("dir", "is a folder"),
+    "empty": (b"", "file is too short"),
+    "too short": (b"\x05\x00\x00", "file is too short"),
+    "header length past the end": ((2**40).to_bytes(8, "little") + b"{}", "corrupt header length"),
+    "garbage header": ((8).to_bytes(8, "little") + b"\xff\xfe garbage",
+                       "header is not valid JSON"),
+    "header not an object": (_st_header([1, 2]), "header is not valid JSON"),
+    "unknown dtype": (_st_header({"a": dict(F32_1, dtype="F99")}, b"\0" * 4),
+                      "unknown dtype.*F99"),
+    "entry without offsets": (_st_header({"a": {"dtype": "F32", "shape": [1]}}, b"\0" * 4),
+                              "lacks a field.*data_offsets"),
+    "size disagrees with shape": (_st_header({"a": dict(F32_1, shape=[2])}, b"\0" * 4),
+                                  "shape, dtype and byte size disagree"),
+    "overlapping tensors": (_st_header({"a": F32_1, "b": F32_1}, b"\0" * 4),
+                            "corrupt tensor offsets"),
+    "data cut short": (_st_header({"a": dict(F32_1, shape=[2], data_offsets=[0, 8])}, b"\0" * 4),
+                       "file truncated"),
+    "trailing bytes": (_st_header({"a": F32_1}, b"\0" * 5), "file truncated"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_safetensors_files_raise_naming_the_path(tmp_path, case):
+    data, message = BAD_FILES[case]
+    path = tmp_path / "model.safetensors"
+    if data == "dir":
+        path.mkdir()
+    elif data is not None:
+        path.write_bytes(data)
+    with pytest.raises(SafetensorsError, match=re.escape(str(path)) + ".*" + message):
+        SafetensorsFile(path)
+
+
+def test_unreadable_dtype_and_unknown_name(tmp_path):
+    path = tmp_path / "fp8.safetensors"  # valid safetensors, but NumPy has no float8 here
+    path.write_bytes(_st_header({"a": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}},
+                                b"\0\0"))
+    f = SafetensorsFile(path)
+    assert f.keys() == ["a"] and f.shape("a") == (2,)
+    with pytest.raises(SafetensorsError, match=re.escape(str(path)) + r".*'a' \(F8_E4M3\)"):
+        f.get("a")
+    with pytest.raises(KeyError, match="'b' not in"):
+        f.get("b")
+
+
+def _mixed_tensors() -> dict:
+    rng = np.random.default_rng(0)
+    return {"model.embed_tokens.weight": rng.normal(size=(7, 5)).astype(jnp.bfloat16),
+            "model.norm.weight": rng.normal(size=5).astype(np.float32),
+            "steps": np.arange(4, dtype=np.int64), "mask": np.array([True, False, True]),
+            "scalar": np.full((), 3.5, np.float16), "empty": np.zeros((0, 3), np.float32),
+            "half": rng.normal(size=(2, 2)).astype(np.float16)}
+
+
+def test_written_files_are_the_library_format(tmp_path):
+    """Files written here are what safetensors' own writer makes, byte for byte, and are read
+    back exactly by the library (NumPy and torch back ends); the library's files are read here."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+    tensors = _mixed_tensors()
+    save_file(tensors, tmp_path / "lib.safetensors", metadata={"format": "pt"})
+    lib = SafetensorsFile(tmp_path / "lib.safetensors")
+    assert lib.metadata == {"format": "pt"} and sorted(lib.keys()) == sorted(tensors)
+    for k, v in tensors.items():
+        got = lib.get(k)
+        assert got.dtype == v.dtype and got.shape == v.shape and lib.shape(k) == v.shape, k
+        np.testing.assert_array_equal(got, v)
+    # in the library's tensor order (it sorts by dtype size, then name) the files are identical
+    ours = tmp_path / "ours.safetensors"
+    nbytes = write_safetensors(ours, [(k, tensors[k].shape, tensors[k].dtype) for k in lib.keys()],
+                               tensors.__getitem__)
+    assert nbytes == sum(v.nbytes for v in tensors.values())
+    assert ours.read_bytes() == (tmp_path / "lib.safetensors").read_bytes()
+    # in any other order too, the library reads them exactly (bf16 without and with torch)
+    write_safetensors(ours, [(k, v.shape, v.dtype) for k, v in reversed(tensors.items())],
+                      tensors.__getitem__, metadata={"format": "pt", "by": "hgpo-jax"})
+    with safe_open(ours, framework="numpy") as f:
+        assert f.metadata() == {"format": "pt", "by": "hgpo-jax"}
+        assert f.offset_keys() == list(reversed(tensors))
+        for k, v in tensors.items():
+            got = f.get_tensor(k)
+            assert got.dtype == v.dtype and got.shape == v.shape, k
+            np.testing.assert_array_equal(got, v)
+    with safe_open(ours, framework="pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+        assert emb.dtype == torch.bfloat16
+        assert torch.equal(emb.float(), torch.from_numpy(
+            tensors["model.embed_tokens.weight"].astype(np.float32)))
+
+
+def test_write_produces_one_tensor_at_a_time(tmp_path):
+    import weakref
+    tensors = {f"t{i}": np.full((16, 8), i, np.float32) for i in range(4)}
+    previous = []
+
+    def produce(name):  # the previous tensor is written and released before the next is made
+        assert all(ref() is None for ref in previous), name
+        arr = tensors[name].copy()
+        previous.append(weakref.ref(arr))
+        return arr
+
+    write_safetensors(tmp_path / "s.safetensors", [(k, (16, 8), np.float32) for k in tensors],
+                      produce)
+    f = SafetensorsFile(tmp_path / "s.safetensors")
+    assert f.keys() == list(tensors)
+    for k, v in tensors.items():
+        np.testing.assert_array_equal(f.get(k), v)
+    with pytest.raises(ValueError, match="declared"):
+        write_safetensors(tmp_path / "w.safetensors", [("a", (2,), np.float32)],
+                          lambda _: np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="cannot be stored"):
+        write_safetensors(tmp_path / "o.safetensors", [("a", (1,), object)], lambda _: None)
 
 
 def test_sharded_index_naming_a_missing_shard(tmp_path):

@@ -113,7 +113,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
             if tuple(src.shape) != want:
                 raise CheckpointError(f"{reader.file_of(name)}: tensor {name!r} has shape "
                                       f"{tuple(src.shape)}, but config.json implies {want}")
-            parts.append(np.ascontiguousarray((src.T if transpose else src).astype(np_dtype)))
+            parts.append(np.ascontiguousarray((src.T if transpose else src).astype(np_dtype, copy=False)))
             used.add(name)
             del src
         host = np.stack(parts) if is_stacked(fpath) else parts[0]
@@ -162,13 +162,18 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
 
     Tensors carry HF's names and layouts; files are split past `max_shard_size` bytes (with a
     `model.safetensors.index.json`). Everything is written to a temporary sibling folder and renamed
-    into place, so `out_dir` is either the complete export or untouched. dtype: the stored dtype
+    into place, so `out_dir` is either the complete export or untouched. An existing empty
+    `out_dir` is used (as transformers does); a non-empty one needs `overwrite=True` (it is then
+    replaced as a whole once the export is complete). dtype: the stored dtype
     (default: the model's parameter dtype). tokenizer: optional, saved alongside.
     Returns the output folder.
     """
     out_dir = os.path.abspath(os.fspath(out_dir))
-    if os.path.exists(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it")
+    if os.path.isfile(out_dir):
+        raise FileExistsError(f"{out_dir} is a file; give a folder path")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True to "
+                              "replace it")
     np_dtype = np.dtype(resolve_dtype(dtype) if dtype else model.param_dtype)
     limit = _parse_size(max_shard_size)
     if limit <= 0:

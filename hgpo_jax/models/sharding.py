@@ -50,7 +50,10 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices=None) -> Me
         sizes[sizes.index(-1)] = len(devices) // max(known, 1)
     if any(s < 1 for s in sizes) or math.prod(sizes) > len(devices):
         raise ValueError(f"mesh data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} needs "
-                         f"{math.prod(sizes)} devices, but {len(devices)} are available")
+                         f"{math.prod(sizes)} devices, but {len(devices)} are available: set "
+                         f"mesh.data (or mesh.fsdp) so that data x fsdp x tensor <= {len(devices)}, "
+                         "or -1 for all remaining devices (on a CPU host, more devices: "
+                         "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
     return Mesh(np.asarray(devices[:math.prod(sizes)]).reshape(sizes), MESH_AXES)
 
 
