@@ -18,12 +18,12 @@ setup: $(STAMP)
 # with held-out success after every iteration (README: "make run").
 run: $(STAMP)
 	@stamp=$$(date +%Y%m%d-%H%M%S); \
-	$(VENV)/bin/hgpo-jax sft toy_format --no-progress train.run_dir=runs/toy_format-$$stamp && \
-	$(VENV)/bin/hgpo-jax train toy_hgpo --no-progress model.path=runs/toy_format-$$stamp \
+	$(VENV)/bin/hgpo-jax sft toy_format train.run_dir=runs/toy_format-$$stamp && \
+	$(VENV)/bin/hgpo-jax train toy_hgpo model.path=runs/toy_format-$$stamp \
 	    train.run_dir=runs/toy_hgpo-$$stamp
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
