@@ -182,15 +182,20 @@ def test_data_dir_resolution_order_and_error(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------ full replay
 @pytest.mark.slow
-def test_every_eval_game_is_won_by_its_walkthrough_through_the_pool():
-    """All 274 valid_seen + valid_unseen games, expert walkthrough through EnvPool (2 workers):
-    each episode ends on its last expert action, won, with total reward 10."""
+def test_eval_games_are_won_by_their_walkthrough_through_the_pool():
+    """valid_seen + valid_unseen games, expert walkthrough through EnvPool (2 workers): each
+    episode ends on its last expert action, won, with total reward 10. Every third game of each
+    split (92 games, all six task types; ~3 min on 2 cores); all 274 with
+    HGPO_JAX_FULL_ALFWORLD=1 (~10 min; they all pass, checked 2026-11-23)."""
     import functools
 
     from hgpo_jax.envs.pool import EnvPool
 
-    games = list_games("valid_seen") + list_games("valid_unseen")
-    assert len(games) == 274
+    every = 1 if os.environ.get("HGPO_JAX_FULL_ALFWORLD") == "1" else 3
+    seen, unseen = list_games("valid_seen"), list_games("valid_unseen")
+    assert (len(seen), len(unseen)) == (140, 134)
+    games = seen[::every] + unseen[::every]
+    assert {task_type_of(g) for g in games} == set(TASK_TYPES)
     plans = {g: walkthrough(g) for g in games}
     batch_size, results = 8, {}
     with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=batch_size,
@@ -216,4 +221,4 @@ def test_every_eval_game_is_won_by_its_walkthrough_through_the_pool():
         assert pool.stats.as_dict()["failed_episodes"] == 0
     lost = {g: v for g, v in results.items()
             if v != (True, 10.0, len(plans[g]))}
-    assert len(results) == 274 and not lost, lost
+    assert len(results) == len(games) and not lost, lost

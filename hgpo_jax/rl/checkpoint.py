@@ -13,6 +13,7 @@ a warning naming it, and the next older one is tried.
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 
@@ -76,6 +77,10 @@ class Checkpointer:
                 state, meta = self.restore(step, like)
                 return state, meta, step
             except Exception as e:  # orbax raises many types for damaged files
+                # the failed read leaves callbacks aimed at its (now closed) event loop; collect
+                # them here rather than at some later garbage collection ("Event loop is closed")
+                e.__traceback__ = None
+                gc.collect()
                 errors.append(f"step {step}: {type(e).__name__}: {e}")
                 warnings.warn(f"checkpoint {self.directory}/{step} is corrupt or partial and was "
                               f"skipped ({type(e).__name__}: {str(e)[:200]}); trying an older one",
