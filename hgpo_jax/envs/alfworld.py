@@ -222,8 +222,8 @@ def _env_specs() -> dict:
 
     return {"alfworld": EnvSpec(
         name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
-        train_split="train", eval_splits=tuple(EVAL_SPLITS.values()), build_prompt=build_prompt,
-        project=project_action, record_episodes=_record_episodes, memory_len=2, max_steps=50)}
+        eval_splits=tuple(EVAL_SPLITS.values()), build_prompt=build_prompt,
+        project=project_action, record_episodes=_record_episodes)}
 
 
 ENV_SPECS = _env_specs()

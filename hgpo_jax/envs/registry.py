@@ -33,29 +33,25 @@ class EnvSpec:
 
     make_env(env_cfg) -> a picklable zero-argument factory of envs (hgpo_jax.envs.base.Env);
     list_tasks(env_cfg, split) -> the task ids of a split (what `env.reset` takes);
-    splits: the split names (train_split trains, eval_splits are the default evaluation);
+    splits: the split names; eval_splits: the default evaluation splits;
     build_prompt(task, observation, admissible_actions, history, memory_len) -> the user message;
     project(reply, rules) -> (action, valid) (rules: hgpo_jax.envs.prompts.PROJECTIONS);
     train_reward(reward, info) -> the reward of a step for training;
     score_key: an info key holding an episode score to report beside success (None: none);
     record_episodes(env_cfg, split, n, kind, *, seed, progress) -> n recorded episodes of a
     split for `sft` (kind "expert", or "random" where the env has it; hgpo_jax.sft.data.Episode);
-    memory_len, max_steps: the paper's values for this env (shown in errors and docs).
     """
 
     name: str
     make_env: Callable
     list_tasks: Callable
     splits: tuple[str, ...]
-    train_split: str
     eval_splits: tuple[str, ...]
     build_prompt: Callable
     project: Callable
     train_reward: Callable[[float, dict], float] = env_reward
     score_key: str | None = None
     record_episodes: Callable | None = None
-    memory_len: int = 2
-    max_steps: int = 50
 
 
 @lru_cache(maxsize=1)

@@ -161,10 +161,10 @@ def _env_specs() -> dict:
     from hgpo_jax.envs.registry import EnvSpec
 
     return {name: EnvSpec(
-        name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS, train_split="train",
+        name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
         build_prompt=functools.partial(build_prompt, intro=TOY_INTRO), project=project_action,
-        record_episodes=_record_episodes, memory_len=2, max_steps=50)
+        record_episodes=_record_episodes)
         for name in ("toy", "toy-history")}
 
 

@@ -238,7 +238,7 @@ def default_spec(intro: str = ALFWORLD_INTRO) -> EnvSpec:
     verl-agent projection, the env's own reward."""
     import functools
 
-    return EnvSpec(name="custom", make_env=None, list_tasks=None, splits=(), train_split="",
+    return EnvSpec(name="custom", make_env=None, list_tasks=None, splits=(),
                    eval_splits=(), build_prompt=functools.partial(build_prompt, intro=intro),
                    project=project_action)
 

@@ -86,9 +86,8 @@ def _env_specs() -> dict:
 
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
-        train_split="train", eval_splits=("test",), build_prompt=build_prompt, project=project,
-        train_reward=train_reward, score_key="task_score", record_episodes=_record_episodes,
-        memory_len=2, max_steps=15)}
+        eval_splits=("test",), build_prompt=build_prompt, project=project,
+        train_reward=train_reward, score_key="task_score", record_episodes=_record_episodes)}
 
 
 ENV_SPECS = _env_specs()
