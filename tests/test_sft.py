@@ -248,3 +248,26 @@ def test_env_tokenizer_keeps_prompts_short_and_uses_qwen_chat_template():
     assert tokens < chars / 10  # the template's fixed text becomes a handful of tokens
     for (p, r), s in zip(texts[:20], samples[:20]):
         assert tok.decode(s.response_ids, skip_special_tokens=True) == r  # round trip
+
+
+def test_build_spec_models_are_built_from_each_envs_corpus(tmp_path, monkeypatch):
+    """`model.path=build:<env>-<size>` builds a tokenizer from the env's own prompts (its registry
+    prompt builder) and a random Qwen2, once, in the cache."""
+    from hgpo_jax.models import local
+
+    monkeypatch.setenv("HGPO_JAX_CACHE", str(tmp_path))
+    folder = resolve_model_path("build:toy-tiny")
+    assert folder.startswith(str(tmp_path)) and os.path.isfile(os.path.join(folder, "config.json"))
+    tok = load_tokenizer(folder)
+    prompt = data.samples_from_episodes(data.toy_episodes([0], "expert"), 4, TOY_INTRO)[0][0]
+    assert TOY_INTRO in prompt and len(tok.encode(prompt)) < len(prompt) / 5
+    assert load_pretrained(folder).config.vocab_size == tok.vocab_size
+    assert resolve_model_path("build:toy-tiny") == folder  # built once
+
+    step = data.Step("You are in the middle of a room.", ("go to desk 1", "look"), "go to desk 1")
+    episode = data.Episode("put a pen in desk.", (step, step), True, "alfworld:x")
+    monkeypatch.setattr(data, "cached_alfworld_episodes", lambda split, n: [episode])
+    texts = local.env_corpus("alfworld")
+    assert len(texts) == 2 and ALFWORLD_INTRO in texts[0] and "<action>go to desk 1</action>" in texts[0]
+    with pytest.raises(ValueError, match="build:<env>-<size>"):
+        resolve_model_path("build:nowhere-tiny")

@@ -93,20 +93,17 @@ def build_model(out_dir: str | os.PathLike, tokenizer: Tokenizer, size: str = "s
 def env_corpus(env: str) -> list[str]:
     """The env's own text: its episodes' turns rendered with the chat template (toy: both the
     'toy' and the 'toy-history' variant)."""
+    from hgpo_jax.envs.registry import get_env
     from hgpo_jax.sft import data
 
     if env == "toy":
-        from hgpo_jax.envs.toy import TOY_INTRO
-
         episodes = [ep for reveal in (False, True) for ep in
                     data.toy_episodes(range(300), "expert", reveal=reveal)
                     + data.toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
-        texts = data.samples_from_episodes(episodes, memory_len=4, intro=TOY_INTRO)
+        texts = data.samples_from_episodes(episodes, 4, get_env("toy").build_prompt)
     elif env == "alfworld":
-        from hgpo_jax.envs.prompts import ALFWORLD_INTRO
-
-        texts = data.samples_from_episodes(data.cached_alfworld_episodes("train", 200),
-                                           memory_len=2, intro=ALFWORLD_INTRO)
+        texts = data.samples_from_episodes(data.cached_alfworld_episodes("train", 200), 2,
+                                           get_env("alfworld").build_prompt)
     else:
         raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
     return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)

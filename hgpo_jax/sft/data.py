@@ -1,7 +1,7 @@
 """Supervised samples for the warm start: episodes -> (prompt, response) turns -> token ids.
 
     episodes = toy_episodes(range(100), kind="expert")          # or "random", alfworld_episodes(games)
-    texts = samples_from_episodes(episodes, memory_len=2, intro=TOY_INTRO)   # [(prompt, response)]
+    texts = samples_from_episodes(episodes, 2, get_env("toy").build_prompt)  # [(prompt, response)]
     samples = tokenize_samples(texts, tokenizer, max_prompt_tokens=512)    # [SftSample]
 
 A sample is exactly what the RL rollout shows the model at that step: the same prompt builder
