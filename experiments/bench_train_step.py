@@ -40,6 +40,9 @@ def shape_config(name: str) -> Qwen2Config:
     if name == "bench":
         from bench_common import BENCH_SHAPE
         return Qwen2Config(**BENCH_SHAPE)
+    if name.startswith("local-"):  # the models built here (`build:alfworld-<size>`: 4,096 tokens)
+        from hgpo_jax.models.local import model_config
+        return model_config(name[len("local-"):], 4096, 2)
     return SHAPES[name]
 
 
@@ -69,22 +72,22 @@ def time_calls(fn, repeats: int) -> list[float]:
     return times
 
 
-def bench_variant(cfg, scan: bool, attention: str, args, mesh) -> dict:
+def bench_variant(cfg, scan: bool, attention: str, args, mesh, window: int | None = None) -> dict:
     model = Qwen2ForCausalLM(cfg, dtype=args.compute_dtype, param_dtype=args.dtype,
-                             rngs=nnx.Rngs(0), remat=True, scan_layers=scan, attention=attention,
+                             rngs=nnx.Rngs(0), remat=bool(args.remat), scan_layers=scan, attention=attention,
                              batch_mesh=mesh)
     graphdef, params = nnx.split(model, nnx.Param)
     shardings = param_shardings(mesh, params)
     params = jax.device_put(params, shardings)
     state = {"params": params}
     out = {"scan_layers": scan, "attention": resolve_attention(attention, model.dtype,
-                                                              cfg.head_size)}
+                                                              cfg.head_size), "window": window}
     if args.rows:
         tx = make_optimizer(1e-6)
         state["opt"], opt_shardings = init_opt_state(tx, params, mesh)
         loss_cfg = LossConfig()  # the paper's: clip 0.2, dual clip 3, low-var KL 0.01, entropy 0.001
         step = make_train_step(graphdef, tx, loss_cfg, max(args.rows // args.micro, 1), mesh,
-                               shardings, opt_shardings)
+                               shardings, opt_shardings, window=window)
         out.update(bench_step(cfg, step, state, args, mesh))
         state.pop("opt")
     if args.sampler:
@@ -142,7 +145,8 @@ def bench_sampler(cfg, model, args) -> dict:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="bench", choices=["bench", *SHAPES])
+    p.add_argument("--shape", default="bench",
+                   choices=["bench", *SHAPES, "local-tiny", "local-small", "local-base"])
     p.add_argument("--rows", type=int, default=16, help="mini-batch rows per update (0: no step)")
     p.add_argument("--micro", type=int, default=8, help="rows per micro-batch")
     p.add_argument("--seq", type=int, default=256, help="tokens per row")
@@ -151,6 +155,11 @@ def main(argv=None) -> dict:
     p.add_argument("--compute-dtype", default="float32")
     p.add_argument("--scan", default="0,1", help="layouts to compare: 0 unrolled, 1 scanned")
     p.add_argument("--attention", default="einsum", help="attention paths, comma-separated")
+    p.add_argument("--window", default="0",
+                   help="log-prob windows to compare, comma-separated (0: every position; N: the "
+                        "vocabulary projection for N positions from the response start, as the "
+                        "trainers do with rollout.max_new_tokens)")
+    p.add_argument("--remat", type=int, default=1, help="rematerialize each layer (1) or not (0)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sampler", default="", help="prompts,prompt_len,new_tokens (off if empty)")
     p.add_argument("--sampler-scan", action="store_true",
@@ -166,14 +175,16 @@ def main(argv=None) -> dict:
                "variants": []}
     for attention in args.attention.split(","):
         for scan in (bool(int(s)) for s in args.scan.split(",")):
-            res = bench_variant(cfg, scan, attention, args, mesh)
-            results["variants"].append(res)
-            print(json.dumps({k: v for k, v in res.items() if k != "step_s_all"}), flush=True)
+            for window in (int(w) or None for w in args.window.split(",")):
+                res = bench_variant(cfg, scan, attention, args, mesh, window)
+                results["variants"].append(res)
+                print(json.dumps({k: v for k, v in res.items() if k != "step_s_all"}), flush=True)
     base = results["variants"][0]
     for res in results["variants"]:
         if "step_s" in res:
             res["step_time_ratio_vs_first"] = res["step_s"] / base["step_s"]
-        print(f"scan {int(res['scan_layers'])} attention {res['attention']:>7}: "
+        print(f"scan {int(res['scan_layers'])} attention {res['attention']:>7} "
+              f"window {res['window'] or 'all'}: "
               + (f"step {res['step_s']:.3f}s (x{res['step_time_ratio_vs_first']:.3f} of the "
                  f"first), compile {res['compile_s']:.1f}s" if "step_s" in res else "")
               + (f", MFU {res['mfu']:.1%}" if "mfu" in res else "")

@@ -65,8 +65,8 @@ def main(argv=None) -> int:
         own = slice(index * ROWS // procs, (index + 1) * ROWS // procs)  # this process's rows
         mb_sh = {k: batch_sharding(mesh, n) for k, n in PPO_BATCH.items()}
         logp_fn = make_logprob_fn(graphdef, mesh, shardings)
-        logp = dist.local_rows(logp_fn(params, dist.global_rows(mb["input_ids"][own], mb_sh["input_ids"]),
-                                       dist.global_rows(mb["attention_mask"][own], mb_sh["input_ids"])),
+        logp = dist.local_rows(logp_fn(params, *(dist.global_rows(mb[k][own], mb_sh["input_ids"])
+                                                 for k in ("input_ids", "attention_mask", "response_mask"))),
                                mesh)
         local = {k: v[own] for k, v in mb.items()}
         local["ref_logp"] = logp
@@ -74,9 +74,9 @@ def main(argv=None) -> int:
                                                                           ).astype(np.float32)[own]
         step = make_train_step(graphdef, tx, LossConfig(), ROWS // MICRO, mesh, shardings, opt_shardings)
         params, opt_state, metrics = step(params, opt_state, dist.global_tree(local, mb_sh))
-        out[f"{name}/logp"] = dist.to_host(logp_fn(
-            params, dist.global_rows(mb["input_ids"][own], mb_sh["input_ids"]),
-            dist.global_rows(mb["attention_mask"][own], mb_sh["input_ids"])))
+        out[f"{name}/logp"] = dist.to_host(logp_fn(params, *(
+            dist.global_rows(mb[k][own], mb_sh["input_ids"])
+            for k in ("input_ids", "attention_mask", "response_mask"))))
         out[f"{name}/loss"] = np.asarray(jax.device_get(metrics["train/loss"]))
         out[f"{name}/grad_norm"] = np.asarray(jax.device_get(metrics["train/grad_norm"]))
         for path, leaf in jax.tree_util.tree_leaves_with_path(params):

@@ -42,6 +42,8 @@ def test_pack_rows_layout():
         pack_rows([[]], [[1]], [0.0])
     with pytest.raises(ValueError, match="log-probs"):
         pack_rows([[1]], [[1, 2]], [0.0], [[0.0]])
+    with pytest.raises(ValueError, match="does not fit the log-prob window of 2"):
+        pack_rows([[1], [2]], [[1, 2], [1, 2, 3]], [0.0, 0.0], max_response=2)
 
 
 def test_minibatches_cover_every_row_once_and_pad_with_inert_rows():
@@ -88,6 +90,54 @@ def test_token_entropy_equals_the_full_logits_and_keeps_the_logprobs():
         np.testing.assert_array_equal(np.asarray(lp), np.asarray(token_logprobs(model, ids, mask, chunk=chunk)))
 
 
+@pytest.mark.parametrize("window,chunk", [(7, 128), (7, 3), (12, 5)])
+def test_response_window_equals_every_position_on_the_response(window, chunk):
+    """With a window (the vocabulary projection for the response positions only), log-probs,
+    entropies and their gradients on the response tokens are those of the full computation, and
+    every other position is 0; a row whose response ends near the padded length is fine."""
+    b = random_batch(8)  # responses of 1..7 tokens
+    ids, mask, rm = (jnp.asarray(x) for x in (b.input_ids, b.attention_mask, b.response_mask))
+    model = tiny_model()
+    full = token_logprobs(model, ids, mask, chunk=chunk, with_entropy=True)
+    win = token_logprobs(model, ids, mask, chunk=chunk, with_entropy=True, response_mask=rm,
+                         window=window)
+    for f, w in zip(full, win):
+        np.testing.assert_allclose(np.asarray(w), np.asarray(f * rm), atol=1e-6)
+        assert float(jnp.abs(w * (1 - rm)).max()) == 0.0
+    graphdef, params = nnx.split(model, nnx.Param)
+
+    def loss(p, window):
+        lp, ent = token_logprobs(nnx.merge(graphdef, p), ids, mask, chunk=chunk, with_entropy=True,
+                                 response_mask=rm, window=window)
+        return ((lp + 0.3 * ent) * rm).sum()
+
+    (v0, g0), (v1, g1) = (jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, w)
+                          for w in (None, window))
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-4), g1, g0)
+    with pytest.raises(ValueError, match="needs the response_mask"):
+        token_logprobs(model, ids, mask, window=window)
+
+
+def test_windowed_train_step_and_logprob_fn_equal_the_full_ones():
+    """The trainers' window (rollout.max_new_tokens) changes nothing but the cost."""
+    graphdef, params, opt_state, step, logprob = setup_step()
+    batch = random_batch(8)
+    mb = minibatch(logprob, params, batch)
+    a = batch.arrays()
+    args = (params, a["input_ids"], a["attention_mask"], a["response_mask"])
+    np.testing.assert_allclose(np.asarray(make_logprob_fn(graphdef, window=8)(*args)),
+                               np.asarray(logprob(*args)) * a["response_mask"], atol=1e-6)
+    tx = optax.sgd(0.1)  # updates linear in the gradients (Adam would amplify rounding on ~0 ones)
+    windowed = make_train_step(graphdef, tx, LossConfig(entropy_coef=0.01), 2, window=8)
+    full = make_train_step(graphdef, tx, LossConfig(entropy_coef=0.01), 2)
+    p1, _, m1 = windowed(jax.tree.map(jnp.copy, params), init_opt_state(tx, params)[0], mb)
+    p0, _, m0 = full(jax.tree.map(jnp.copy, params), init_opt_state(tx, params)[0], mb)
+    for k in m0:
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-4, atol=1e-6, err_msg=k)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), p1, p0)
+
+
 def test_token_entropy_gradient_equals_the_full_logits():
     """The chunked, rematerialized entropy has the gradient of the unchunked one."""
     b = random_batch(4)
@@ -117,7 +167,7 @@ def setup_step(mesh=None, lr=1e-3, num_micro=2):
 
 def minibatch(logprob, params, batch, perturb=0.05):
     a = batch.arrays()
-    old = np.asarray(logprob(params, a["input_ids"], a["attention_mask"]))
+    old = np.asarray(logprob(params, a["input_ids"], a["attention_mask"], a["response_mask"]))
     rng = np.random.RandomState(1)
     return {"input_ids": a["input_ids"], "attention_mask": a["attention_mask"],
             "response_mask": a["response_mask"], "advantages": a["advantages"],

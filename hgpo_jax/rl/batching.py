@@ -55,10 +55,11 @@ def packed_shape(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Seq
 def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
               advantages: Sequence[float], sample_logp: Sequence[Sequence[float]] | None = None, *,
               pad_id: int = 0, row_multiple: int = 1, length_multiple: int = 64,
-              shape: tuple[int, int] | None = None) -> TrainBatch:
+              shape: tuple[int, int] | None = None, max_response: int | None = None) -> TrainBatch:
     """Rows -> TrainBatch. Rows are right-padded; S is padded to a multiple of `row_multiple`.
     shape: a larger (S, L) to pad to (every process of a multi-process run packs to the largest
-    `packed_shape` of all); default `packed_shape`."""
+    `packed_shape` of all); default `packed_shape`.
+    max_response: the log-prob window (`rl.ppo.token_logprobs`); a longer response is an error."""
     n = len(prompt_ids)
     if not (len(response_ids) == len(advantages) == n) or (sample_logp is not None and len(sample_logp) != n):
         raise ValueError(f"pack_rows: {n} prompts, {len(response_ids)} responses, "
@@ -78,6 +79,9 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequen
         P, R = len(p), len(r)
         if P == 0:
             raise ValueError(f"row {i} has an empty prompt")
+        if max_response is not None and R > max_response:
+            raise ValueError(f"row {i}: a response of {R} tokens does not fit the log-prob window "
+                             f"of {max_response} (rollout.max_new_tokens)")
         ids[i, :P] = p
         ids[i, P:P + R] = r
         attn[i, :P + R] = 1

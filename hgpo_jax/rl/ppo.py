@@ -4,7 +4,7 @@ Parameters travel as an `nnx.State` pytree (`params`) beside a static `graphdef`
 here is a plain `jax.jit` with explicit shardings (the pjit style):
 
     logprob_fn = make_logprob_fn(graphdef, mesh, param_shardings)
-    logp = logprob_fn(params, input_ids, attention_mask)                 # [S, L]
+    logp = logprob_fn(params, input_ids, attention_mask, response_mask)  # [S, L]
     step_fn = make_train_step(graphdef, tx, loss_cfg, mesh, param_shardings, opt_shardings)
     params, opt_state, metrics = step_fn(params, opt_state, minibatch)   # one optimizer update
 
@@ -94,7 +94,7 @@ def init_opt_state(tx: optax.GradientTransformation, params: nnx.State, mesh: Me
 
 # --------------------------------------------------------------------------- log-probs
 def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK, *,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, response_mask=None, window: int | None = None):
     """log p(token_t | tokens_<t) for every position: float32 [S, L] (position 0 gets 0).
 
     input_ids, attention_mask: int [S, L], right-padded rows.
@@ -102,18 +102,46 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
       entropy[:, t] is that of the distribution that predicts token t (the one logp[:, t] is
       taken from), over the full vocabulary of the fp32 logits; position 0 gets 0. Computed in
       the same chunk loop, so it costs no [S, L, V] buffer either, and it is differentiable.
+    response_mask [S, L], window (static int): compute the vocabulary projection only for the
+      `window` positions from each row's first response token (the response must fit in the
+      window: `rl.batching.pack_rows(max_response=...)` checks it on the host). Every layer still
+      runs over the whole row; the projection, log-softmax and entropy of the prompt tokens
+      (most of a row, and ~40% of a small model's step) are skipped. Positions outside the
+      response are 0 then. Without a window, every position is computed.
     Returns logp, or (logp, entropy) with `with_entropy`.
     """
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask,
                                     right_padded=True)  # [S, L, D]
-    S, L, D = hidden.shape
-    targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros((S, 1), input_ids.dtype)], axis=1)
-    pad = (-L) % chunk
-    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    t = jnp.pad(targets, ((0, 0), (0, pad)))
-    n = (L + pad) // chunk
-    h = h.reshape(S, n, chunk, D).swapaxes(0, 1)   # [n, S, chunk, D]
-    t = t.reshape(S, n, chunk).swapaxes(0, 1)      # [n, S, chunk]
+    S, L, _ = hidden.shape
+    if window is None:
+        # the hidden state at t predicts token t + 1
+        targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros((S, 1), input_ids.dtype)], axis=1)
+        out = _chunked_logprobs(model, hidden, targets, chunk, with_entropy)
+        out = tuple(jnp.concatenate([jnp.zeros((S, 1), jnp.float32), x[:, :L - 1]], axis=1)
+                    for x in out)  # position t holds token t's value
+    else:
+        if response_mask is None:
+            raise ValueError("token_logprobs: a window needs the response_mask")
+        start = jnp.argmax(response_mask > 0, axis=1)                   # [S] first response token
+        pos = start[:, None] + jnp.arange(window)[None, :]              # [S, W] token positions
+        rows = jnp.arange(S)[:, None]
+        h = hidden[rows, jnp.clip(pos - 1, 0, L - 1)]                   # [S, W, D] their predictors
+        t = input_ids[rows, jnp.clip(pos, 0, L - 1)]                    # [S, W]
+        out = _chunked_logprobs(model, h, t, min(chunk, window), with_entropy)
+        keep = response_mask > 0
+        out = tuple(jnp.where(keep, jnp.zeros((S, L), jnp.float32).at[rows, pos].set(x, mode="drop"), 0.0)
+                    for x in out)
+    return out if with_entropy else out[0]
+
+
+def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):
+    """(log p(targets | hidden),) or (logp, entropy), float32 [S, N], from hidden [S, N, D] and
+    targets int [S, N], `chunk` positions at a time (rematerialized in the backward pass)."""
+    S, N, D = hidden.shape
+    pad = (-N) % chunk
+    n = (N + pad) // chunk
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(S, n, chunk, D).swapaxes(0, 1)
+    t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(S, n, chunk).swapaxes(0, 1)  # [n, S, chunk]
 
     @jax.checkpoint
     def one_chunk(args):
@@ -125,23 +153,21 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
             return (picked - logz,)
         return picked - logz, entropy_from_logits(logits, logz)
 
-    def unchunk(x):  # [n, S, chunk] -> [S, L], shifted so that position t holds token t's value
-        x = x.swapaxes(0, 1).reshape(S, n * chunk)[:, :L - 1]  # predicts tokens 1..L-1
-        return jnp.concatenate([jnp.zeros((S, 1), jnp.float32), x], axis=1)
-
-    out = tuple(unchunk(x) for x in jax.lax.map(one_chunk, (h, t)))
-    return out if with_entropy else out[0]
+    return tuple(x.swapaxes(0, 1).reshape(S, n * chunk)[:, :N]
+                 for x in jax.lax.map(one_chunk, (h, t)))
 
 
-def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None):
-    """jit(params, input_ids [S, L], attention_mask [S, L]) -> logp float32 [S, L]."""
-    def fn(params, input_ids, attention_mask):
-        return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask)
+def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: int | None = None):
+    """jit(params, input_ids [S, L], attention_mask [S, L], response_mask [S, L]) -> logp
+    float32 [S, L] (`token_logprobs`; with a `window`, 0 outside the response)."""
+    def fn(params, input_ids, attention_mask, response_mask):
+        return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask,
+                              response_mask=response_mask, window=window)
 
     if mesh is None:
         return jax.jit(fn)
     b2 = batch_sharding(mesh, 2)
-    return jax.jit(fn, in_shardings=(shardings, b2, b2), out_shardings=b2)
+    return jax.jit(fn, in_shardings=(shardings, b2, b2, b2), out_shardings=b2)
 
 
 # --------------------------------------------------------------------------- the update
@@ -172,13 +198,15 @@ PPO_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "advantage
              "old_logp": 2, "ref_logp": 2}  # the train step's mini-batch: key -> ndim
 
 
-def ppo_micro_loss(loss_cfg: LossConfig):
-    """micro_loss(model, micro) -> (loss, metrics) of the PPO-KL objective with entropy bonus."""
+def ppo_micro_loss(loss_cfg: LossConfig, window: int | None = None):
+    """micro_loss(model, micro) -> (loss, metrics) of the PPO-KL objective with entropy bonus
+    (`window`: see `token_logprobs`)."""
     def micro_loss(model, micro):
         # the entropy is always computed (for the train/entropy metric); with entropy_coef=0 it
         # is not differentiated
         logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
-                                       with_entropy=True)
+                                       with_entropy=True, response_mask=micro["response_mask"],
+                                       window=window)
         return ppo_kl_loss(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
                            micro["response_mask"], clip_low=loss_cfg.clip_low,
                            clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
@@ -188,15 +216,16 @@ def ppo_micro_loss(loss_cfg: LossConfig):
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossConfig,
-                    num_micro: int, mesh: Mesh | None = None, shardings=None, opt_shardings=None):
+                    num_micro: int, mesh: Mesh | None = None, shardings=None, opt_shardings=None,
+                    window: int | None = None):
     """jit(params, opt_state, mb) -> (params, opt_state, metrics): one PPO optimizer update.
 
     mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
     response_mask, advantages [M], old_logp, ref_logp. The loss includes the entropy bonus
     (`loss_cfg.entropy_coef`), and `train/entropy` is always logged. See `make_update_step`.
     """
-    return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg), num_micro, PPO_BATCH, mesh,
-                            shardings, opt_shardings)
+    return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg, window), num_micro, PPO_BATCH,
+                            mesh, shardings, opt_shardings)
 
 
 def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num_micro: int,

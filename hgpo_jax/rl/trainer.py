@@ -158,8 +158,9 @@ class Trainer(Run):
             self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
             self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
                                               t.mini_batch_size // t.micro_batch_size, self.mesh,
-                                              self.shardings, self.opt_shardings)
-            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
+                                              self.shardings, self.opt_shardings, window=r.max_new_tokens)
+            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
+                                              window=r.max_new_tokens)
 
             self.env_spec = get_env(cfg.env.name)
             self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
@@ -247,7 +248,8 @@ class Trainer(Run):
             length_multiple=t.pad_multiple))
         packed = pack_rows(batch.prompt_ids, batch.response_ids, adv, batch.sample_logp,
                            pad_id=self.tokenizer.pad_token_id, row_multiple=row_multiple,
-                           length_multiple=t.pad_multiple, shape=shape)
+                           length_multiple=t.pad_multiple, shape=shape,
+                           max_response=self.cfg.rollout.max_new_tokens)
         arrays = packed.arrays()
         arrays["old_logp"] = self._logprobs(self.params, arrays)
         arrays["ref_logp"] = self._logprobs(self.ref_params, arrays)
@@ -290,11 +292,11 @@ class Trainer(Run):
         """Token log-probs of all rows, `micro_batch_size` rows per call (bounded memory; each
         process feeds its share of every call)."""
         mb = self.cfg.train.micro_batch_size // self.procs
-        ids, att = arrays["input_ids"], arrays["attention_mask"]
         sh = self.mb_shardings["input_ids"]
-        out = [dist.local_rows(self.logprob_fn(params, dist.global_rows(ids[i:i + mb], sh),
-                                               dist.global_rows(att[i:i + mb], sh)), self.mesh)
-               for i in range(0, ids.shape[0], mb)]
+        out = [dist.local_rows(self.logprob_fn(params, *(
+            dist.global_rows(arrays[k][i:i + mb], sh)
+            for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
+            for i in range(0, arrays["input_ids"].shape[0], mb)]
         return np.concatenate(out, axis=0)
 
     # ------------------------------------------------------------------ the loop

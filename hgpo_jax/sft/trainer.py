@@ -12,6 +12,7 @@ from the result with `model.path=RUN_DIR` (or its export, `hgpo-jax export RUN_D
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -30,9 +31,11 @@ from hgpo_jax.sft import data as sft_data
 SFT_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2}  # key -> ndim
 
 
-def nll_micro_loss(model, micro):
-    """Mean negative log-likelihood of the response tokens (token-mean over the micro-batch)."""
-    logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"])
+def nll_micro_loss(model, micro, window: int | None = None):
+    """Mean negative log-likelihood of the response tokens (token-mean over the micro-batch);
+    `window`: see `hgpo_jax.rl.ppo.token_logprobs`."""
+    logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
+                          response_mask=micro["response_mask"], window=window)
     nll = -masked_mean(logp, micro["response_mask"])
     return nll, {"nll": jax.lax.stop_gradient(nll)}
 
@@ -103,10 +106,12 @@ class SftTrainer(Run):
                                  f"split over {self.procs} processes; make both multiples of {self.procs}")
             self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
             self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer, self.progress)
-            self.step_fn = make_update_step(self.graphdef, self.tx, nll_micro_loss,
+            window = cfg.rollout.max_new_tokens  # responses are cut to it (build_samples)
+            self.step_fn = make_update_step(self.graphdef, self.tx,
+                                            functools.partial(nll_micro_loss, window=window),
                                             s.batch_size // self.micro, SFT_BATCH, self.mesh,
                                             self.shardings, self.opt_shardings)
-            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings)
+            self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings, window=window)
             self.np_rng = np.random.default_rng(t.seed + 1)
             self.order = self.np_rng.permutation(len(self.train_samples))
             self.cursor = 0
@@ -141,7 +146,8 @@ class SftTrainer(Run):
     def _pack(self, samples, row_multiple: int) -> dict:
         packed = pack_rows([x.prompt_ids for x in samples], [x.response_ids for x in samples],
                            np.zeros(len(samples), np.float32), pad_id=self.tokenizer.pad_token_id,
-                           row_multiple=row_multiple, length_multiple=self.cfg.train.pad_multiple)
+                           row_multiple=row_multiple, length_multiple=self.cfg.train.pad_multiple,
+                           max_response=self.cfg.rollout.max_new_tokens)
         return {k: packed.arrays()[k] for k in SFT_BATCH}
 
     def _own(self, batch: dict) -> dict:
@@ -161,9 +167,9 @@ class SftTrainer(Run):
         for i in range(0, len(self.heldout_samples), mb):
             batch = self._own(self._pack(self.heldout_samples[i:i + mb], mb))
             sh = self.batch_shardings["input_ids"]
-            logp = dist.local_rows(self.logprob_fn(
-                self.params, dist.global_rows(batch["input_ids"], sh),
-                dist.global_rows(batch["attention_mask"], sh)), self.mesh)
+            logp = dist.local_rows(self.logprob_fn(self.params, *(
+                dist.global_rows(batch[k], sh)
+                for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
             total += float(-(logp * batch["response_mask"]).sum())
             count += float(batch["response_mask"].sum())
         if self.procs > 1:
