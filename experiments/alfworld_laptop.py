@@ -79,9 +79,10 @@ def stage_experts(args, state: dict) -> dict:
     import multiprocessing
 
     from hgpo_jax.envs.alfworld import list_games
-    from hgpo_jax.sft.data import load_episodes, save_episodes
+    from hgpo_jax.sft.data import load_episodes, save_episodes, spread
 
-    games = list_games("train")
+    # the games `cached_alfworld_episodes("train", n)` (sft.episodes=n) plays: spread over the split
+    games = spread(list_games("train"), args.games)
     final = expert_cache_path(len(games))
     if os.path.isfile(final):
         return {"games": len(games), "episodes": len(load_episodes(final)), "cached": final}
@@ -139,20 +140,21 @@ def has_checkpoint(run_dir: str) -> bool:
 
 def stage_sft(args, state: dict) -> dict:
     run = os.path.join(args.runs, "sft")
-    argv = ["sft", "alfworld_laptop_sft", f"train.run_dir={run}", f"mesh.data={args.devices}"]
+    argv = ["sft", "alfworld_laptop_sft", f"train.run_dir={run}", f"mesh.data={args.devices}",
+            *([f"sft.episodes={args.games}"] if args.games else []), *args.set_sft]
     seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
     return {"run": run, "seconds_this_sitting": seconds}
 
 
 def rl_runs(args) -> dict[str, list[str]]:
     """{run name: overrides} of every RL run: each estimator x seed."""
-    return {f"{est}_s{seed}": [*over, f"train.seed={seed}"]
-            for est, over in ESTIMATORS.items() for seed in args.seeds}
+    return {f"{est}_s{seed}": [*ESTIMATORS[est], f"train.seed={seed}"]
+            for est in args.estimators for seed in args.seeds}
 
 
 def stage_eval_warm(args, state: dict) -> dict:
     run = os.path.join(args.runs, "sft")
-    return {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}"], state)}
+    return {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)}
 
 
 def stage_rl(args, state: dict) -> dict:
@@ -162,7 +164,7 @@ def stage_rl(args, state: dict) -> dict:
             continue
         run = os.path.join(args.runs, f"rl_{name}")
         argv = ["train", "alfworld_laptop_rl", f"model.path={os.path.join(args.runs, 'sft')}",
-                f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides]
+                f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
         seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
         done[name] = {"run": run, "seconds": seconds}
         save_state(args.out, state)
@@ -174,7 +176,8 @@ def stage_eval_rl(args, state: dict) -> dict:
     for name in rl_runs(args):
         if name not in done:
             run = os.path.join(args.runs, f"rl_{name}")
-            done[name] = {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}"], state)}
+            done[name] = {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}",
+                                                    *args.set_eval], state)}
             save_state(args.out, state)
     return {"runs": sorted(done)}
 
@@ -226,7 +229,7 @@ def _cell(values: list[float]) -> str:
 def stage_report(args, state: dict) -> dict:
     rows = {"warm start (SFT)": [last_eval(os.path.join(args.runs, "sft", "eval"))]}
     runs = {name: os.path.join(args.runs, f"rl_{name}") for name in rl_runs(args)}
-    for est in ESTIMATORS:
+    for est in args.estimators:
         rows[est] = [last_eval(runs[f"{est}_s{seed}"]) for seed in args.seeds
                      if os.path.isdir(runs[f"{est}_s{seed}"])]
     levels = {name: mean_over_iterations(run, "hierarchy/") for name, run in runs.items()
@@ -248,7 +251,7 @@ def stage_report(args, state: dict) -> dict:
                 f" RL rows: mean ± std over seeds {args.seeds}.\n\n" + "\n".join(lines) + "\n")
     from experiments import plot
 
-    seed0 = [runs[f"{est}_s{args.seeds[0]}"] for est in ESTIMATORS
+    seed0 = [runs[f"{est}_s{args.seeds[0]}"] for est in args.estimators
              if os.path.isdir(runs[f"{est}_s{args.seeds[0]}"])]
     if seed0:
         plot.main([*seed0, "--out", os.path.join(args.out, "dynamics.png")])
@@ -268,6 +271,12 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="processes recording expert episodes")
     parser.add_argument("--devices", type=int, default=2, help="CPU devices (data-parallel mesh)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="RL seeds")
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    parser.add_argument("--games", type=int, default=0,
+                        help="train games with expert episodes (0: all 3,553); smaller for a smoke test")
+    for stage in ("sft", "rl", "eval"):
+        parser.add_argument(f"--set-{stage}", nargs="*", default=[], metavar="KEY=VALUE",
+                            help=f"extra config overrides of the {stage} commands")
     args = parser.parse_args(argv)
     state = load_state(args.out)
     if args.status:
