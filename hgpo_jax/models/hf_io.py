@@ -21,7 +21,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
-from hgpo_jax.models.qwen2 import Qwen2ForCausalLM
+from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
@@ -66,12 +66,15 @@ def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, **options):
+def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, critic: bool = False,
+                   **options):
     """(graphdef, flat abstract state) of a model with that config; allocates no weights.
-    options: Qwen2ForCausalLM's keyword options (scan_layers, attention, remat)."""
+    options: Qwen2ForCausalLM's keyword options (scan_layers, attention, remat); critic: a
+    Qwen2Critic (value head, no LM head)."""
     compute_dtype = compute_dtype or dtype
-    model = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, dtype=compute_dtype, param_dtype=dtype,
-                                                    rngs=nnx.Rngs(0), **options))
+    cls = Qwen2Critic if critic else Qwen2ForCausalLM
+    model = nnx.eval_shape(lambda: cls(config, dtype=compute_dtype, param_dtype=dtype,
+                                       rngs=nnx.Rngs(0), **options))
     graphdef, state = nnx.split(model)
     return graphdef, nnx.to_flat_state(state)
 
@@ -79,9 +82,13 @@ def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, 
 def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_dtype: str | None = None,
                     mesh: jax.sharding.Mesh | None = None, progress: bool = False,
                     scan_layers: bool = False, attention: str = "auto",
-                    remat: bool = False) -> Qwen2ForCausalLM:
+                    remat: bool = False, critic: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
     """Load an HF Qwen2 folder (config.json + model.safetensors or a sharded index).
 
+    critic: load it as a `Qwen2Critic` (as transformers' `Qwen2ForTokenClassification`,
+      num_labels=1, does): the backbone's tensors, and the value head `score.*` when the folder has
+      one (an exported critic); otherwise (a causal LM's folder, verl's critic start) the head is
+      new, N(0, 0.02) weights from `seed` and a zero bias. The LM head is never read.
     scan_layers, attention, remat: the model's options (Qwen2ForCausalLM); with scan_layers the
       per-layer tensors are stacked on the host, one weight at a time.
     dtype: storage dtype of the weights ('float32' or 'bfloat16'); the checkpoint's own dtype is
@@ -95,7 +102,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     config = Qwen2Config.from_json_file(os.path.join(folder, "config.json"))
     reader = CheckpointReader(folder)
     np_dtype = np.dtype(resolve_dtype(dtype))
-    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype,
+    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype, critic=critic,
                                     scan_layers=scan_layers, attention=attention, remat=remat)
 
     available = set(reader.keys())
@@ -103,6 +110,12 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     for fpath, var in tqdm(list(flat), desc="load weights", unit="tensor", disable=not progress):
         names, transpose = hf_tensor_names(fpath, config.num_hidden_layers)
         one_shape = var.shape[1:] if is_stacked(fpath) else var.shape
+        if critic and fpath[0] == "score" and names[0] not in available:  # a new value head
+            host = new_value_head(fpath[-1], var.shape, np_dtype, seed)
+            value = (jax.device_put(host) if mesh is None else
+                     jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape)))
+            loaded.append((fpath, var.replace(value=value)))
+            continue
         parts = []
         for name in names:
             if name not in available:
@@ -127,13 +140,20 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
 
     unused = sorted(n for n in available - used
                     if not n.endswith(_IGNORED_SUFFIXES)
-                    and not (config.tie_word_embeddings and n == "lm_head.weight"))
+                    and not ((config.tie_word_embeddings or critic) and n == "lm_head.weight"))
     if unused:
         warnings.warn(f"{folder}: {len(unused)} checkpoint tensors are not used by Qwen2: "
                       f"{unused[:5]}{' ...' if len(unused) > 5 else ''}", stacklevel=2)
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
     model.batch_mesh = mesh  # activations split over the batch axes like the inputs
     return model
+
+
+def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int) -> np.ndarray:
+    """A new critic head's `kernel` (N(0, 0.02), transformers' initializer_range) or `bias` (0)."""
+    if leaf == "bias":
+        return np.zeros(shape, dtype)
+    return (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed), shape, np.float32))).astype(dtype)
 
 
 def _parse_size(size: int | str) -> int:
@@ -158,7 +178,8 @@ def _host_array(value) -> np.ndarray:
 def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtype: str | None = None,
                     max_shard_size: int | str = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
                     tokenizer=None) -> str:
-    """Write an HF Qwen2 folder that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+    """Write an HF Qwen2 folder that `transformers.AutoModelForCausalLM.from_pretrained` loads
+    (a `Qwen2Critic`: `AutoModelForTokenClassification`, one label).
 
     Tensors carry HF's names and layouts; files are split past `max_shard_size` bytes (with a
     `model.safetensors.index.json`). Everything is written to a temporary sibling folder and renamed
@@ -229,8 +250,12 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
                      "weight_map": {s[0]: f for f, shard in zip(names, shards) for s in shard}}
             with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
+        hf_config = model.config.to_hf_dict(dtype=np_dtype.name)
+        if isinstance(model, Qwen2Critic):  # transformers' class for a token-level scalar head
+            hf_config.update(architectures=["Qwen2ForTokenClassification"],
+                             id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(model.config.to_hf_dict(dtype=np_dtype.name), f, indent=2)
+            json.dump(hf_config, f, indent=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _replace_dir(tmp, out_dir)

@@ -338,7 +338,7 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
                  rngs: nnx.Rngs | None = None, remat: bool = False, batch_mesh=None,
-                 scan_layers: bool = False, attention: str = "auto"):
+                 scan_layers: bool = False, attention: str = "auto", lm_head: bool = True):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         resolve_attention(attention, jnp.float32, config.head_size)  # validates the name
         self.config = config
@@ -349,7 +349,7 @@ class Qwen2ForCausalLM(nnx.Module):
         self.dtype, self.param_dtype = resolve_dtype(dtype), resolve_dtype(param_dtype)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
         self.model = Qwen2Model(config, scan_layers=scan_layers, **kw)
-        self.lm_head = (None if config.tie_word_embeddings else
+        self.lm_head = (None if config.tie_word_embeddings or not lm_head else
                         nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False,
                                    kernel_init=_INIT, **kw))
 
@@ -491,6 +491,39 @@ class Qwen2ForCausalLM(nnx.Module):
 
     def num_params(self) -> int:
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+
+
+class Qwen2Critic(Qwen2ForCausalLM):
+    """A Qwen2 backbone with a scalar value head and no LM head: Hugging Face's
+    `Qwen2ForTokenClassification` with `num_labels=1`, the critic verl builds for PPO.
+
+    `critic(input_ids, attention_mask=...)` -> values float32 [B, T], one per position (the value
+    of the state that the tokens up to and including that position make). The head `score` is a
+    Linear(hidden, 1) with a bias, initialized as transformers does a missing head: N(0, 0.02)
+    weights, zero bias. The options are Qwen2ForCausalLM's.
+    """
+
+    def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
+                 rngs: nnx.Rngs | None = None, **options):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs, lm_head=False,
+                         **options)
+        self.score = nnx.Linear(config.hidden_size, 1, use_bias=True, kernel_init=_INIT,
+                                bias_init=nnx.initializers.zeros_init(), dtype=self.dtype,
+                                param_dtype=self.param_dtype, rngs=rngs)
+
+    def __call__(self, input_ids, *, positions=None, attention_mask=None, cache=None):
+        if cache is not None:
+            raise ValueError("a critic scores whole rows; it takes no KV cache")
+        hidden, _ = self.hidden_states(input_ids, positions=positions, attention_mask=attention_mask)
+        return self.values(hidden)
+
+    def values(self, hidden):
+        """Final hidden states [..., D] -> values float32 [...]."""
+        return self.score(hidden)[..., 0].astype(jnp.float32)
+
+    def logits(self, hidden):
+        raise TypeError("a Qwen2Critic has no LM head: use values()")
 
 
 def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
