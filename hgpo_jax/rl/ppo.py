@@ -122,9 +122,7 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
     else:
         if response_mask is None:
             raise ValueError("token_logprobs: a window needs the response_mask")
-        start = jnp.argmax(response_mask > 0, axis=1)                   # [S] first response token
-        pos = start[:, None] + jnp.arange(window)[None, :]              # [S, W] token positions
-        rows = jnp.arange(S)[:, None]
+        rows, pos = response_window(response_mask, window)
         h = hidden[rows, jnp.clip(pos - 1, 0, L - 1)]                   # [S, W, D] their predictors
         t = input_ids[rows, jnp.clip(pos, 0, L - 1)]                    # [S, W]
         out = _chunked_logprobs(model, h, t, min(chunk, window), with_entropy)
@@ -132,6 +130,14 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
         out = tuple(jnp.where(keep, jnp.zeros((S, L), jnp.float32).at[rows, pos].set(x, mode="drop"), 0.0)
                     for x in out)
     return out if with_entropy else out[0]
+
+
+def response_window(response_mask, window: int):
+    """(rows int [S, 1], positions int [S, W]): the token positions of each row's response window,
+    its first response token and the `window` - 1 after it (past a row's end where the response
+    is shorter; callers clip or mask them). response_mask: [S, L], right-padded rows."""
+    start = jnp.argmax(response_mask > 0, axis=1)                        # [S]
+    return jnp.arange(response_mask.shape[0])[:, None], start[:, None] + jnp.arange(window)[None, :]
 
 
 def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):

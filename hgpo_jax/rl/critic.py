@@ -1,0 +1,164 @@
+"""PPO with a critic (`algo.estimator: ppo`), device side: values, GAE, whitening, value loss.
+
+What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
+`core_algos.compute_gae_advantage_return` / `compute_value_loss` and the critic worker):
+
+- Every step of an episode is its own row, and the rows of an episode are not linked: a row's
+  reward is the whole episode's reward (10 x won) minus `invalid_penalty` when the step's reply
+  was invalid, placed on its last response token; there is no bootstrap from the next step.
+- The critic is a Qwen2 with a scalar head (`models.Qwen2Critic`, started from the policy's
+  weights). V_t, the value before response token t, is the head's output at the token before it
+  (the last prompt token for t = 0). Values are kept for t <= L (L the response length; t < W):
+  one position more than the response, the state after the last token, whose return is 0.
+- GAE over the row's whole window with V = 0 outside that mask and 0 after the window:
+  delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}; returns = A + V (before
+  whitening); A is then whitened over every response token of the batch (mean, unbiased
+  variance, A <- (A - mean) / sqrt(var + 1e-8)). With the defaults gamma = lam = 1, A_t = r - V_t
+  and the return is r on every response token.
+- Value loss: max((v - R)^2, (clip(v, V_old - c, V_old + c) - R)^2), token-mean over the value
+  mask (no 1/2), c = `critic.cliprange_value` (0.5); values for GAE and for the clip come from the
+  critic before this iteration's update.
+
+Layout: every [S, W] array here is a row's response window (`rl.ppo.response_window`): column t
+is response token t, W = rollout.max_new_tokens (verl's response_length). `window_to_rows` puts
+a window array back at the rows' token positions [S, L] for the actor's loss.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.ppo import batch_sharding, make_update_step, response_window
+
+WHITEN_EPS = 1e-8
+CRITIC_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "values": 2,
+                "returns": 2}  # the critic step's mini-batch: key -> ndim
+
+
+def window_masks(response_mask, window: int):
+    """(token_mask, value_mask), float32 [S, W]: t < L, and t <= L for rows with a response (the
+    values and the value loss cover one position more than the response). response_mask [S, L]."""
+    length = jnp.sum(response_mask > 0, axis=1)[:, None]                  # [S, 1]
+    t = jnp.arange(window)[None, :]
+    return ((t < length).astype(jnp.float32),
+            ((t <= length) & (length > 0)).astype(jnp.float32))
+
+
+def token_values(critic, input_ids, attention_mask, response_mask, window: int):
+    """V_t for each response window position: float32 [S, W], 0 outside the value mask.
+    input_ids, attention_mask, response_mask: [S, L], right-padded rows."""
+    hidden, _ = critic.hidden_states(input_ids, attention_mask=attention_mask, right_padded=True)
+    rows, pos = response_window(response_mask, window)
+    h = hidden[rows, jnp.clip(pos - 1, 0, input_ids.shape[1] - 1)]        # [S, W, D]
+    return critic.values(h) * window_masks(response_mask, window)[1]
+
+
+def row_rewards_window(rewards, response_mask, window: int):
+    """Each row's reward on its last response token: float32 [S, W]. rewards: [S]."""
+    length = jnp.sum(response_mask > 0, axis=1)
+    t = jnp.arange(window)[None, :]
+    return jnp.where(t == (length - 1)[:, None], rewards[:, None].astype(jnp.float32), 0.0)
+
+
+def gae(rewards, values, gamma: float, lam: float):
+    """(advantages, returns), float32 [S, W], by GAE over the whole window (no masking inside; a
+    value after the window is 0). rewards, values: [S, W]."""
+    def body(next_adv_value, xs):
+        next_adv, next_value = next_adv_value
+        r, v = xs
+        adv = r + gamma * next_value - v + gamma * lam * next_adv
+        return (adv, v), adv
+
+    zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
+    _, adv = jax.lax.scan(body, (zeros, zeros), (rewards.T.astype(jnp.float32),
+                                                 values.T.astype(jnp.float32)), reverse=True)
+    adv = adv.T
+    return adv, adv + values
+
+
+def masked_whiten(x, mask, eps: float = WHITEN_EPS):
+    """(x - mean) / sqrt(var + eps) with the mean and the unbiased variance over the masked
+    entries (all of the batch); a mask of one entry has variance 0."""
+    n = jnp.sum(mask)
+    mean = masked_mean(x, mask)
+    var = masked_mean(jnp.square(x - mean), mask) * n / jnp.maximum(n - 1.0, 1.0)
+    return (x - mean) * jax.lax.rsqrt(var + eps)
+
+
+def gae_advantages(rewards, values, response_mask, window: int, gamma: float, lam: float):
+    """(advantages [S, L] at the response tokens (0 elsewhere), returns [S, W], metrics): the
+    whole batch's GAE and whitening. rewards: [S] (episode reward minus the step's penalty);
+    values [S, W] from `token_values`; response_mask [S, L]."""
+    token_mask, value_mask = window_masks(response_mask, window)
+    adv, returns = gae(row_rewards_window(rewards, response_mask, window), values, gamma, lam)
+    adv = masked_whiten(adv, token_mask)
+    metrics = {"critic/values_mean": masked_mean(values, value_mask),
+               "critic/returns_mean": masked_mean(returns, token_mask),
+               "critic/advantages_mean_raw": masked_mean(returns - values, token_mask)}
+    return window_to_rows(adv * token_mask, response_mask), returns, metrics
+
+
+def window_to_rows(x, response_mask):
+    """A window array [S, W] at its rows' token positions: [S, L], 0 outside the response."""
+    S, L = response_mask.shape
+    rows, pos = response_window(response_mask, x.shape[1])
+    out = jnp.zeros((S, L), x.dtype).at[rows, pos].set(x, mode="drop")
+    return jnp.where(response_mask > 0, out, 0)
+
+
+def value_loss(vpred, old_values, returns, value_mask, clip: float):
+    """(loss, metrics): the clipped value loss, token-mean over `value_mask`, and the fraction of
+    positions where the clipped term is the larger. All [S, W]."""
+    clipped = old_values + jnp.clip(vpred - old_values, -clip, clip)
+    l1, l2 = jnp.square(vpred - returns), jnp.square(clipped - returns)
+    loss = masked_mean(jnp.maximum(l1, l2), value_mask)
+    return loss, {"vf_loss": loss, "vf_clipfrac": masked_mean((l2 > l1).astype(jnp.float32), value_mask),
+                  "vpred_mean": masked_mean(vpred, value_mask)}
+
+
+def critic_micro_loss(clip: float, window: int):
+    """micro_loss(critic, micro) -> (loss, metrics) for `make_update_step` (CRITIC_BATCH keys)."""
+    def micro_loss(critic, micro):
+        vpred = token_values(critic, micro["input_ids"], micro["attention_mask"],
+                             micro["response_mask"], window)
+        value_mask = window_masks(micro["response_mask"], window)[1]
+        loss, metrics = value_loss(vpred, micro["values"], micro["returns"], value_mask, clip)
+        return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+    return micro_loss
+
+
+def make_value_fn(graphdef, window: int, mesh: Mesh | None = None, shardings=None):
+    """jit(critic params, input_ids, attention_mask, response_mask [S, L]) -> values [S, W]."""
+    def fn(params, input_ids, attention_mask, response_mask):
+        return token_values(nnx.merge(graphdef, params), input_ids, attention_mask, response_mask,
+                            window)
+
+    if mesh is None:
+        return jax.jit(fn)
+    b2 = batch_sharding(mesh, 2)
+    return jax.jit(fn, in_shardings=(shardings, b2, b2, b2), out_shardings=b2)
+
+
+def make_gae_fn(window: int, gamma: float, lam: float, mesh: Mesh | None = None):
+    """jit(rewards [S], values [S, W], response_mask [S, L]) -> `gae_advantages`' output, over the
+    whole (global) batch: the whitening statistics are the batch's, whatever its sharding."""
+    fn = functools.partial(gae_advantages, window=window, gamma=gamma, lam=lam)
+    if mesh is None:
+        return jax.jit(fn)
+    b1, b2 = batch_sharding(mesh, 1), batch_sharding(mesh, 2)
+    return jax.jit(fn, in_shardings=(b1, b2, b2), out_shardings=(b2, b2, None))
+
+
+def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
+                     mesh: Mesh | None = None, shardings=None, opt_shardings=None):
+    """jit(critic params, opt_state, mb) -> (params, opt_state, metrics): one critic update on a
+    mini-batch (CRITIC_BATCH), micro-batch token-means averaged (as verl's accumulation);
+    metrics `train/vf_loss`, `train/vf_clipfrac`, ... are renamed `critic/...` by the caller."""
+    return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro, CRITIC_BATCH,
+                            mesh, shardings, opt_shardings)
