@@ -5,7 +5,6 @@ import json
 import os
 import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
