@@ -94,8 +94,9 @@ class RolloutConfig:
 class AlgoConfig:
     """Advantage estimator and PPO-KL loss."""
 
-    estimator: str = "hgpo"  # grpo | rloo | gigpo | hgpo
-    gamma: float = 0.95  # discount of the step returns R_t
+    estimator: str = "hgpo"  # grpo | rloo | gigpo | hgpo | ppo (a critic and GAE: the critic section)
+    gamma: float = 0.95  # discount of the step returns R_t; ppo: GAE's gamma (verl-agent's algorithm.gamma, 1.0 in its PPO runs)
+    lam: float = 1.0  # ppo: GAE's lambda (verl's algorithm.lam)
     K: int = 2  # hgpo: highest context depth (groups of steps sharing the last k+1 observations)
     alpha: float = 1.0  # hgpo: level weight exponent (see level_weights)
     mode: str = "mean_std_norm"  # group normalization: mean_std_norm | mean_norm
@@ -174,6 +175,21 @@ class SftConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model of `algo.estimator: ppo` (docs/training.md): a Qwen2 with a scalar head,
+    started from the policy's weights, with its own AdamW (verl-agent's PPO baseline values)."""
+
+    lr: float = 1e-5  # critic learning rate (the paper's PPO runs)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    max_grad_norm: float = 1.0  # global gradient-norm clip
+    warmup_steps: int = 0  # linear lr warm-up, in critic optimizer steps
+    b1: float = 0.9  # Adam beta1
+    b2: float = 0.999  # Adam beta2
+    cliprange_value: float = 0.5  # value clip around the pre-update values
+    warmup_iterations: int = 0  # the actor is updated from iteration max(1, this) on (verl's trainer.critic_warmup)
+
+
+@dataclass
 class MeshConfig:
     """Device mesh axes (data, fsdp, tensor); their product is the device count."""
 
@@ -203,6 +219,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # loop, checkpoints
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
     sft: SftConfig = field(default_factory=SftConfig)  # supervised warm start
+    critic: CriticConfig = field(default_factory=CriticConfig)  # value model (algo.estimator=ppo)
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
     dist: DistConfig = field(default_factory=DistConfig)  # multi-process time-outs
 
@@ -591,6 +608,8 @@ def format_config(cfg: Config) -> str:
     lines = [f"config {cfg.name}  (run dir {cfg.run_path()})"]
     width = max(map(len, SECTIONS))
     for section in SECTIONS:
+        if section == "critic" and cfg.algo.estimator != "ppo":
+            continue  # only a ppo run has a critic
         values = dataclasses.asdict(getattr(cfg, section))
         items = " ".join(f"{k}={_short(v)}" for k, v in values.items())
         lines.append(f"  {section:<{width}}  {items}")
@@ -616,7 +635,9 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
-    return {"estimator": tuple(ESTIMATORS), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
+    from hgpo_jax.rl.critic import ESTIMATOR as CRITIC_ESTIMATOR
+
+    return {"estimator": (*ESTIMATORS, CRITIC_ESTIMATOR), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
@@ -676,8 +697,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("env.step_timeout", e.step_timeout)
     positive("env.reset_timeout", e.reset_timeout)
 
-    check(r.group_size >= 2, "rollout.group_size", r.group_size,
-          ">= 2 (group-relative advantages are 0 in a group of one)")
+    if a.estimator == "ppo":
+        at_least("rollout.group_size", r.group_size, 1)
+    else:
+        check(r.group_size >= 2, "rollout.group_size", r.group_size,
+              ">= 2 (group-relative advantages are 0 in a group of one)")
     at_least("rollout.num_groups", r.num_groups, 1)
     check(0 <= r.temperature < math.inf, "rollout.temperature", r.temperature,
           "a finite number >= 0 (0 = greedy)")
@@ -691,6 +715,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     one_of("algo.kl_type", a.kl_type, allowed["kl_type"])
     one_of("algo.loss_agg", a.loss_agg, allowed["loss_agg"])
     check(0 <= a.gamma <= 1, "algo.gamma", a.gamma, "in [0, 1]")
+    check(0 <= a.lam <= 1, "algo.lam", a.lam, "in [0, 1]")
     at_least("algo.K", a.K, 0)
     finite("algo.alpha", a.alpha)
     finite("algo.omega", a.omega)
@@ -749,6 +774,16 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("eval.games", v.games, 0)
     at_least("eval.every", v.every, 0)
 
+    c = cfg.critic
+    positive("critic.lr", c.lr)
+    check(0 <= c.weight_decay < math.inf, "critic.weight_decay", c.weight_decay, "a finite number >= 0")
+    positive("critic.max_grad_norm", c.max_grad_norm)
+    at_least("critic.warmup_steps", c.warmup_steps, 0)
+    check(0 <= c.b1 < 1, "critic.b1", c.b1, "in [0, 1)")
+    check(0 <= c.b2 < 1, "critic.b2", c.b2, "in [0, 1)")
+    positive("critic.cliprange_value", c.cliprange_value)
+    at_least("critic.warmup_iterations", c.warmup_iterations, 0)
+
     f = cfg.sft
     check(bool(f.data.strip()), "sft.data", f.data, "expert, random or a JSONL path")
     at_least("sft.episodes", f.episodes, 1)
@@ -796,7 +831,7 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
+    "AlgoConfig", "Config", "ConfigError", "CriticConfig", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
     "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
     "resolve_config_path", "save_config", "sft_micro_batch_size",

@@ -66,11 +66,12 @@ def test_allowed_values_come_from_the_consumers():
     from hgpo_jax.envs.webshop import SPLITS as WEBSHOP_SPLITS
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
+    from hgpo_jax.rl.critic import ESTIMATOR
     from hgpo_jax.rl.loss import AGGS, KL_TYPES
 
     v = allowed_values()
     assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"]) == (
-        ESTIMATORS, MODES, KL_TYPES, AGGS)
+        (*ESTIMATORS, ESTIMATOR), MODES, KL_TYPES, AGGS)
     assert set(v["env"]) == {"alfworld", "toy", "toy-history", "webshop"}  # the env registry
     assert (_env_splits("alfworld"), _env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
     assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (
@@ -267,7 +268,10 @@ def test_overrides_must_be_a_list():
 
 # ------------------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("override, match", [
-    ("algo.estimator=ppo", r"algo.estimator='ppo' is not allowed; use one of grpo, rloo, gigpo, hgpo"),
+    ("algo.estimator=ppo2", r"algo.estimator='ppo2' is not allowed; use one of grpo, rloo, gigpo, hgpo, ppo"),
+    ("algo.lam=1.5", r"algo.lam=1.5: must be in \[0, 1\]"),
+    ("critic.cliprange_value=0", r"critic.cliprange_value=0.0: must be a finite number > 0"),
+    ("rollout.group_size=1", r"rollout.group_size=1: must be >= 2"),
     ("algo.estimator=HGPO", r"Did you mean 'hgpo'"),
     ("algo.mode=std", "algo.mode"),
     ("algo.kl_type=k3", "algo.kl_type"),

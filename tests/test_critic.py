@@ -173,3 +173,28 @@ def test_token_values_read_the_state_before_each_response_token():
         losses.append(float(m["train/vf_loss"]))
     assert losses[-1] < losses[0] and 0 <= float(m["train/vf_clipfrac"]) <= 1
     assert window_masks(rm, 6)[1].shape == (7, 6)
+
+
+def test_critic_from_policy_copies_the_backbone_and_adds_a_head():
+    from flax import nnx
+
+    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from hgpo_jax.models.qwen2 import critic_from_policy
+
+    for scan in (False, True):
+        policy = Qwen2ForCausalLM(Qwen2Config(**TINY_SHAPES["untied_gqa1"]), rngs=nnx.Rngs(0),
+                                  scan_layers=scan, remat=True)
+        critic = critic_from_policy(policy, seed=5)
+        assert critic.scan_layers == scan and critic.remat and critic.lm_head is None
+        p, c = (dict(nnx.to_flat_state(nnx.state(m.model, nnx.Param))) for m in (policy, critic))
+        assert p.keys() == c.keys()
+        for k in p:
+            np.testing.assert_array_equal(np.asarray(p[k][...]), np.asarray(c[k][...]))
+        assert float(np.abs(np.asarray(critic.score.bias[...])).max()) == 0.0
+        ids = jnp.asarray(np.random.RandomState(0).randint(0, 150, (2, 5)))
+        hidden, _ = policy.hidden_states(ids)
+        np.testing.assert_allclose(np.asarray(critic(ids)), np.asarray(critic.values(hidden)), atol=1e-6)
+        # a copy: training the critic leaves the policy alone
+        c_leaf = critic.model.embed_tokens.embedding
+        c_leaf[...] = c_leaf[...] + 1.0
+        assert not np.array_equal(np.asarray(c_leaf[...]), np.asarray(policy.model.embed_tokens.embedding[...]))

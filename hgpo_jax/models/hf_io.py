@@ -21,7 +21,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
-from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM
+from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM, new_value_head
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
@@ -147,13 +147,6 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
     model.batch_mesh = mesh  # activations split over the batch axes like the inputs
     return model
-
-
-def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int) -> np.ndarray:
-    """A new critic head's `kernel` (N(0, 0.02), transformers' initializer_range) or `bias` (0)."""
-    if leaf == "bias":
-        return np.zeros(shape, dtype)
-    return (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed), shape, np.float32))).astype(dtype)
 
 
 def _parse_size(size: int | str) -> int:

@@ -526,6 +526,36 @@ class Qwen2Critic(Qwen2ForCausalLM):
         raise TypeError("a Qwen2Critic has no LM head: use values()")
 
 
+def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int):
+    """A new critic head's `kernel` (N(0, 0.02), transformers' initializer_range) or `bias` (0),
+    as a host (NumPy) array."""
+    import numpy as np
+
+    if leaf == "bias":
+        return np.zeros(shape, dtype)
+    return (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32))).astype(dtype)
+
+
+def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0) -> Qwen2Critic:
+    """A Qwen2Critic whose backbone is a copy of `policy`'s (same layout, dtypes, placement and
+    options) with a new value head: verl's critic, started from the policy's checkpoint."""
+    options = dict(remat=policy.remat, batch_mesh=policy.batch_mesh, scan_layers=policy.scan_layers,
+                   attention=policy.attention)
+    abstract = nnx.eval_shape(lambda: Qwen2Critic(policy.config, dtype=policy.dtype,
+                                                  param_dtype=policy.param_dtype,
+                                                  rngs=nnx.Rngs(0), **options))
+    graphdef, state = nnx.split(abstract)
+    backbone = dict(nnx.to_flat_state(nnx.state(policy.model)))
+    filled = []
+    for path, var in nnx.to_flat_state(state):
+        if path[0] == "model":
+            value = jnp.copy(backbone[path[1:]][...])
+        else:  # the head, replicated like the backbone's scales
+            value = jnp.asarray(new_value_head(path[-1], var.shape, var.dtype, seed))
+        filled.append((path, var.replace(value=value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(filled))
+
+
 def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
     """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
     L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.ppo.shard_params` puts them

@@ -36,6 +36,7 @@ from jax.sharding import Mesh
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.ppo import batch_sharding, make_update_step, response_window
 
+ESTIMATOR = "ppo"  # algo.estimator of a run with a critic
 WHITEN_EPS = 1e-8
 CRITIC_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "values": 2,
                 "returns": 2}  # the critic step's mini-batch: key -> ndim
