@@ -249,16 +249,25 @@ class Run:
     def load_meta(self, meta: dict) -> None:
         """Restore the loop state from a checkpoint's meta (subclasses extend it)."""
 
+    def arrays(self) -> dict:
+        """The arrays a checkpoint holds: the policy's params and optimizer state (subclasses add
+        theirs, e.g. a PPO run's critic, under other keys)."""
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def load_arrays(self, state: dict) -> None:
+        """Take back what `arrays()` gave, restored from a checkpoint."""
+        self.params, self.opt_state = state["params"], state["opt_state"]
+
     def save(self, step: int) -> None:
-        self.ckpt.save(step, {"params": self.params, "opt_state": self.opt_state}, self.meta())
+        self.ckpt.save(step, self.arrays(), self.meta())
 
     def restore(self) -> int | None:
         """Load the newest usable checkpoint; returns its step (None when there is none)."""
-        found = self.ckpt.restore_latest({"params": self.params, "opt_state": self.opt_state})
+        found = self.ckpt.restore_latest(self.arrays())
         if found is None:
             return None
         state, meta, step = found
-        self.params, self.opt_state = state["params"], state["opt_state"]
+        self.load_arrays(state)
         self.load_meta(meta)
         return step
 

@@ -241,3 +241,46 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     assert not show_progress(argparse.Namespace(no_progress=True))
     line = progress_line(100, 2000, {"train/nll": 1.5, "heldout/nll": 2.0, "time/step": 0.5})
     assert line == "step   100/2000  nll 1.5000  held-out nll 2.0000  0.50s"
+
+
+def ppo_config(run_dir, *extra):
+    return load_config("tiny_cpu_ppo", [f"train.run_dir={run_dir}", "env.num_workers=1", *extra])
+
+
+def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
+    """algo.estimator=ppo on the toy env: the critic's update and the actor's each iteration,
+    critic metrics logged, and iteration 2 after a stop-and-resume (critic restored) equals an
+    uninterrupted run's, policy and critic alike; `hgpo-jax eval` reads the policy alone."""
+    with Trainer(ppo_config(tmp_path / "straight", "train.iterations=2"), progress=False) as t:
+        straight = t.train()
+        final = jax.tree.map(np.asarray, (t.params, t.critic.params))
+        head = np.asarray(t.critic.params["score"]["kernel"][...])
+    for m in straight:
+        for key in ("train/loss", "train/pg_loss", "critic/vf_loss", "critic/vf_clipfrac",
+                    "critic/values_mean", "critic/returns_mean", "critic/grad_norm",
+                    "train/mean_advantage", "success/all"):
+            assert key in m and math.isfinite(m[key]), (key, m.get(key))
+        assert m["train/updates"] >= 1 and "hierarchy/level0_grouped_fraction" not in m
+    assert float(np.abs(head).sum()) > 0
+    with Trainer(ppo_config(tmp_path / "resumed", "train.iterations=1"), progress=False) as t:
+        t.train()
+    with Trainer(ppo_config(tmp_path / "resumed", "train.iterations=2"), resume=True, progress=False) as t:
+        resumed = t.train()
+        again = jax.tree.map(np.asarray, (t.params, t.critic.params))
+    for key in ("train/loss", "critic/vf_loss", "critic/values_mean", "rollout/mean_step_reward"):
+        assert resumed[0][key] == pytest.approx(straight[1][key], rel=1e-6, abs=1e-7), key
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), final, again)
+    assert cli_main(["eval", str(tmp_path / "straight"), "eval.batch_size=2", "--no-progress"]) == 0
+
+
+def test_ppo_critic_warm_up_holds_the_actor(tmp_path):
+    """critic.warmup_iterations=3: the first two iterations update the critic only."""
+    with Trainer(ppo_config(tmp_path / "w", "train.iterations=1", "critic.warmup_iterations=3"),
+                 progress=False) as t:
+        before = jax.tree.map(np.asarray, t.params)
+        critic_before = jax.tree.map(np.asarray, t.critic.params)
+        (m,) = t.train()
+        jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, t.params))
+        changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), critic_before, t.critic.params)
+        assert any(jax.tree.leaves(changed))
+    assert m["train/updates"] == 0 and "critic/vf_loss" in m

@@ -4,7 +4,9 @@
     ckpt.save(iteration, {"params": params, "opt_state": opt_state}, meta)   # atomic
     state, meta, step = ckpt.restore_latest({"params": params, "opt_state": opt_state})
 
-`meta` is a JSON dict for everything else a resumed run needs to continue exactly: the iteration,
+Keys of the state other than `params` and `opt_state` (a PPO run's `critic`) are stored as items
+of their own, so a reader that asks for the policy alone (`hgpo-jax eval` on a PPO run) restores it
+without them. `meta` is a JSON dict for everything else a resumed run needs to continue exactly: the iteration,
 the JAX key data, the data cursor and NumPy RNG state of the task sampler. Orbax writes each step
 into a temporary folder and renames it when complete, so an interrupted save leaves no checkpoint
 that looks valid. A checkpoint that fails to restore (corrupt or partial files) is refused with
@@ -30,6 +32,15 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+MAIN = ("params", "opt_state")  # the item "state"; any other top-level key is an item of its own
+
+
+def _items(state: dict, make) -> dict:
+    items = {"state": make({k: v for k, v in state.items() if k in MAIN})}
+    items.update({k: make(v) for k, v in state.items() if k not in MAIN})
+    return items
+
+
 class Checkpointer:
     """Keep the last `keep` checkpoints of a run under `directory`."""
 
@@ -48,14 +59,17 @@ class Checkpointer:
     def save(self, step: int, state: dict, meta: dict) -> None:
         """Write checkpoint `step` (blocking; atomic)."""
         self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+            **_items(state, ocp.args.StandardSave), meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
 
     def restore(self, step: int, like: dict) -> tuple[dict, dict]:
         """Checkpoint `step` into the structure, dtypes and shardings of `like`."""
         out = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(_abstract(like)), meta=ocp.args.JsonRestore()))
-        return out["state"], out["meta"]
+            **_items(like, lambda t: ocp.args.StandardRestore(_abstract(t))),
+            meta=ocp.args.JsonRestore()))
+        state = dict(out["state"])
+        state.update({k: out[k] for k in like if k not in MAIN})
+        return state, out["meta"]
 
     def latest_meta(self) -> dict | None:
         """The newest checkpoint's meta alone (no arrays are read); None without checkpoints."""

@@ -163,3 +163,40 @@ def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
     metrics `train/vf_loss`, `train/vf_clipfrac`, ... are renamed `critic/...` by the caller."""
     return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro, CRITIC_BATCH,
                             mesh, shardings, opt_shardings)
+
+
+# --------------------------------------------------------------------------- the run's critic
+class Critic:
+    """A PPO run's value model: its params, AdamW state and jitted functions, on the run's mesh.
+
+    Built from the policy at the start of the run (`models.qwen2.critic_from_policy`: the
+    policy's backbone, a new head seeded with `seed`); `arrays()` / `load_arrays()` are what the
+    run's checkpoints hold under "critic".
+    """
+
+    def __init__(self, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0):
+        from hgpo_jax.models.qwen2 import critic_from_policy
+        from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings, shard_params
+
+        c, window = cfg.critic, cfg.rollout.max_new_tokens
+        self.graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)
+        self.shardings = param_shardings(mesh, params)
+        self.params = shard_params(params, mesh)
+        self.tx = make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm,
+                                 warmup_steps=c.warmup_steps, schedule="constant", b1=c.b1, b2=c.b2)
+        self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, mesh)
+        self.value_fn = make_value_fn(self.graphdef, window, mesh, self.shardings)
+        self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)
+        self.step_fn = make_critic_step(self.graphdef, self.tx, c.cliprange_value, window, num_micro,
+                                        mesh, self.shardings, self.opt_shardings)
+
+    def arrays(self) -> dict:
+        return {"params": self.params, "opt_state": self.opt_state}
+
+    def load_arrays(self, state: dict) -> None:
+        self.params, self.opt_state = state["params"], state["opt_state"]
+
+    def update(self, mb) -> dict:
+        """One critic optimizer step on mini-batch `mb` (CRITIC_BATCH); metrics `critic/...`."""
+        self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, mb)
+        return {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()}

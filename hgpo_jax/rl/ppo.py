@@ -223,15 +223,22 @@ def ppo_micro_loss(loss_cfg: LossConfig, window: int | None = None):
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossConfig,
                     num_micro: int, mesh: Mesh | None = None, shardings=None, opt_shardings=None,
-                    window: int | None = None):
+                    window: int | None = None, token_advantages: bool = False):
     """jit(params, opt_state, mb) -> (params, opt_state, metrics): one PPO optimizer update.
 
     mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
-    response_mask, advantages [M], old_logp, ref_logp. The loss includes the entropy bonus
-    (`loss_cfg.entropy_coef`), and `train/entropy` is always logged. See `make_update_step`.
+    response_mask, advantages [M] (or [M, L] with token_advantages), old_logp, ref_logp. The loss
+    includes the entropy bonus (`loss_cfg.entropy_coef`), and `train/entropy` is always logged.
+    See `make_update_step`.
     """
-    return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg, window), num_micro, PPO_BATCH,
-                            mesh, shardings, opt_shardings)
+    return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg, window), num_micro,
+                            ppo_batch_ndims(token_advantages), mesh, shardings, opt_shardings)
+
+
+def ppo_batch_ndims(token_advantages: bool = False) -> dict[str, int]:
+    """The train step's mini-batch keys -> ndims; advantages [M] per row, or [M, L] per token
+    (PPO with a critic)."""
+    return {**PPO_BATCH, "advantages": 2} if token_advantages else dict(PPO_BATCH)
 
 
 def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num_micro: int,

@@ -29,7 +29,8 @@ from hgpo_jax.envs.registry import get_env
 from hgpo_jax.rl.advantages import compute_step_advantages
 from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows, packed_shape
 from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.ppo import PPO_BATCH, LossConfig, batch_sharding, make_logprob_fn, make_train_step
+from hgpo_jax.rl.critic import CRITIC_BATCH, Critic
+from hgpo_jax.rl.ppo import LossConfig, batch_sharding, make_logprob_fn, make_train_step, ppo_batch_ndims
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -154,11 +155,15 @@ class Trainer(Run):
             # whole groups per process (group statistics never need another process's envs)
             self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
             self.procs = jax.process_count()
-            self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in PPO_BATCH.items()}
+            ppo = cfg.algo.estimator == "ppo"  # token-level advantages from a critic (GAE)
+            num_micro = t.mini_batch_size // t.micro_batch_size
+            self.mb_shardings = {k: batch_sharding(self.mesh, n)
+                                 for k, n in {**ppo_batch_ndims(ppo), **CRITIC_BATCH}.items()}
             self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
-            self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg),
-                                              t.mini_batch_size // t.micro_batch_size, self.mesh,
-                                              self.shardings, self.opt_shardings, window=r.max_new_tokens)
+            self.critic = Critic(cfg, self.model(), self.mesh, num_micro, t.seed) if ppo else None
+            self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg), num_micro,
+                                              self.mesh, self.shardings, self.opt_shardings,
+                                              window=r.max_new_tokens, token_advantages=ppo)
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
                                               window=r.max_new_tokens)
 
@@ -187,6 +192,17 @@ class Trainer(Run):
         return self._pool
 
     # ------------------------------------------------------------------ state
+    def arrays(self) -> dict:
+        out = super().arrays()
+        if self.critic is not None:
+            out["critic"] = self.critic.arrays()
+        return out
+
+    def load_arrays(self, state: dict) -> None:
+        super().load_arrays(state)
+        if self.critic is not None:
+            self.critic.load_arrays(state["critic"])
+
     def meta(self) -> dict:
         return {**super().meta(), "iteration": self.iteration, "key": np.asarray(self.key).tolist(),
                 "sampler": self.sampler.state(), "np_rng": self.np_rng.bit_generator.state}
@@ -225,7 +241,9 @@ class Trainer(Run):
 
         columns = (batch.task_id, batch.traj_id, batch.step_id, batch.anchor, batch.reward)
         row_means = {}  # this process's per-row statistics (reduced over processes below)
-        if len(batch):
+        if self.critic is not None:  # advantages come from the critic, after the log-probs
+            adv = np.zeros(len(batch), np.float32)
+        elif len(batch):
             adv = compute_step_advantages(a.estimator, *columns, valid=batch.valid,
                                           **advantage_options(a))
             if t.diagnostics:
@@ -254,22 +272,41 @@ class Trainer(Run):
         arrays["old_logp"] = self._logprobs(self.params, arrays)
         arrays["ref_logp"] = self._logprobs(self.ref_params, arrays)
         mask = arrays["response_mask"]
+        if self.critic is not None:
+            metrics.update(self._critic_advantages(batch, arrays, packed.num_rows))
+            if len(batch):  # per-row means of the token advantages, for the advantage metrics
+                adv = (arrays["advantages"] * mask).sum(1)[:len(batch)] / np.maximum(
+                    mask.sum(1)[:len(batch)], 1)
+            if not multi:
+                metrics["train/mean_advantage"] = float(adv.mean()) if len(adv) else 0.0
+                metrics["train/std_advantage"] = float(adv.std()) if len(adv) else 0.0
         gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
         if not multi:
             metrics["train/rollout_vs_policy_logp_gap"] = float(gap / max(mask.sum(), 1))
         t_logp = time.perf_counter()
 
-        records = []
+        records, critic_records = [], []
         mini = t.mini_batch_size // self.procs
         draw = dist.max_over_processes(packed.num_rows)[0]
+        epochs = []
         for _ in range(t.ppo_epochs):
             batches = minibatch_indices(packed.num_rows, mini, self.np_rng, draw=draw)
             count = dist.max_over_processes(len(batches))[0]
-            batches += [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
-            for idx in batches:
-                mb = gather_rows({k: v for k, v in arrays.items() if k != "sample_logp"}, idx)
-                mb = dist.global_tree(mb, self.mb_shardings)
-                self.params, self.opt_state, m = self.train_step(self.params, self.opt_state, mb)
+            epochs.append(batches + [np.full(mini, -1, np.int64)] * (count - len(batches)))  # inert updates
+
+        def minibatch(idx, keys):
+            mb = gather_rows({k: arrays[k] for k in keys}, idx)
+            return dist.global_tree(mb, {k: self.mb_shardings[k] for k in keys})
+
+        if self.critic is not None:  # the critic's updates come first (verl's order)
+            for idx in (i for batches in epochs for i in batches):
+                critic_records.append(jax.device_get(self.critic.update(minibatch(idx, CRITIC_BATCH))))
+            metrics.update(_mean_metrics(critic_records))
+        actor_keys = tuple(ppo_batch_ndims())
+        if self.critic is None or cfg.critic.warmup_iterations <= self.iteration + 1:
+            for idx in (i for batches in epochs for i in batches):
+                self.params, self.opt_state, m = self.train_step(self.params, self.opt_state,
+                                                                 minibatch(idx, actor_keys))
                 records.append(jax.device_get(m))
         metrics.update(_mean_metrics(records))
         metrics["train/updates"] = float(len(records))
@@ -289,15 +326,40 @@ class Trainer(Run):
         return metrics
 
     def _logprobs(self, params, arrays) -> np.ndarray:
-        """Token log-probs of all rows, `micro_batch_size` rows per call (bounded memory; each
-        process feeds its share of every call)."""
+        """Token log-probs of all rows [S, L] (see `_per_micro_batch`)."""
+        return self._per_micro_batch(self.logprob_fn, params, arrays)
+
+    def _per_micro_batch(self, fn, params, arrays) -> np.ndarray:
+        """fn(params, input_ids, attention_mask, response_mask) over all rows, `micro_batch_size`
+        rows per call (bounded memory; each process feeds its share of every call)."""
         mb = self.cfg.train.micro_batch_size // self.procs
         sh = self.mb_shardings["input_ids"]
-        out = [dist.local_rows(self.logprob_fn(params, *(
+        out = [dist.local_rows(fn(params, *(
             dist.global_rows(arrays[k][i:i + mb], sh)
             for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
             for i in range(0, arrays["input_ids"].shape[0], mb)]
         return np.concatenate(out, axis=0)
+
+    def _critic_advantages(self, batch, arrays: dict, num_rows: int) -> dict[str, float]:
+        """PPO with a critic (rl/critic.py): each row's reward (its episode's total reward minus
+        the invalid-action penalty of its own step), the critic's values before this iteration's
+        update, GAE and the batch whitening. Sets arrays' token `advantages` [S, L], `values` and
+        `returns` [S, W]; returns the (global) critic metrics."""
+        a = self.cfg.algo
+        episode = defaultdict(float)
+        for traj, r in zip(batch.traj_id, batch.reward):
+            episode[traj] += float(r)
+        rewards = np.zeros(arrays["input_ids"].shape[0], np.float32)
+        rewards[:num_rows] = [episode[traj] - a.invalid_penalty * (not ok)
+                              for traj, ok in zip(batch.traj_id, batch.valid)]
+        values = self._per_micro_batch(self.critic.value_fn, self.critic.params, arrays)
+        adv, returns, metrics = self.critic.gae_fn(
+            dist.global_rows(rewards, batch_sharding(self.mesh, 1)),
+            dist.global_rows(values, self.mb_shardings["values"]),
+            dist.global_rows(arrays["response_mask"], self.mb_shardings["response_mask"]))
+        arrays.update(advantages=dist.local_rows(adv, self.mesh), values=values,
+                      returns=dist.local_rows(returns, self.mesh))
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict]:
