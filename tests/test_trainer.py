@@ -165,6 +165,23 @@ def test_plan_prints_memory_per_device(capsys):
     assert "estimated peak" in out and "optimizer state" in out and "GiB" in out
 
 
+def test_plan_with_a_critic(capsys):
+    """A PPO run's plan adds the critic: its weights (the policy's less the LM head, plus a
+    D + 1 head), its AdamW moments, and a peak that holds both models."""
+    from hgpo_jax.models.tiny import TINY_CONFIG
+    from hgpo_jax.rl.plan import plan
+
+    base = plan(load_config("tiny_cpu_toy"))
+    p = plan(load_config("tiny_cpu_ppo", ["rollout.num_groups=2", "rollout.group_size=2"]))
+    lm_head = 0 if TINY_CONFIG.tie_word_embeddings else 4 * TINY_CONFIG.vocab_size * TINY_CONFIG.hidden_size
+    assert p["critic_params_bytes"] == p["params_bytes"] - lm_head + 4 * (TINY_CONFIG.hidden_size + 1)
+    assert p["critic_opt_bytes"] >= 2 * p["critic_params_bytes"]
+    assert p["peak_bytes"] >= base["peak_bytes"] + p["critic_params_bytes"] + p["critic_opt_bytes"]
+    assert cli_main(["plan", "tiny_cpu_ppo"]) == 0
+    out = capsys.readouterr().out
+    assert "critic parameters" in out and "critic step peak" in out
+
+
 def _plan_temporaries(tmp_path, layers: int, remat: bool) -> int:
     """Step temporaries per device of a 1024-token, FSDP=2 plan of a small Qwen2 with `layers`."""
     import json

@@ -27,7 +27,8 @@ from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
-from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
+from hgpo_jax.rl.ppo import (batch_sharding, make_optimizer, make_train_step, opt_state_shardings,
+                             param_shardings)
 from hgpo_jax.rl.trainer import build_loss_config
 from hgpo_jax.runs import build_optimizer
 
@@ -102,16 +103,20 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     opt_shardings = opt_state_shardings(tx, params, mesh)
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
     L = r.max_prompt_tokens + r.max_new_tokens
-    M = t.mini_batch_size
-    mb = {}
-    for k, dtype, shape in (("input_ids", jnp.int32, (M, L)), ("attention_mask", jnp.int32, (M, L)),
-                            ("response_mask", jnp.float32, (M, L)), ("advantages", jnp.float32, (M,)),
-                            ("old_logp", jnp.float32, (M, L)), ("ref_logp", jnp.float32, (M, L))):
-        mb[k] = jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape)))
+    M, W = t.mini_batch_size, r.max_new_tokens
+    ppo = cfg.algo.estimator == "ppo"
+    shapes = {"input_ids": (jnp.int32, (M, L)), "attention_mask": (jnp.int32, (M, L)),
+              "response_mask": (jnp.float32, (M, L)), "advantages": (jnp.float32, (M, L) if ppo else (M,)),
+              "old_logp": (jnp.float32, (M, L)), "ref_logp": (jnp.float32, (M, L)),
+              "values": (jnp.float32, (M, W)), "returns": (jnp.float32, (M, W))}
+    def minibatch(keys):
+        return {k: jax.ShapeDtypeStruct(shapes[k][1], shapes[k][0],
+                                        sharding=batch_sharding(mesh, len(shapes[k][1]))) for k in keys}
+
     step = make_train_step(graphdef, tx, build_loss_config(cfg), M // t.micro_batch_size, mesh,
-                           shardings, opt_shardings)
+                           shardings, opt_shardings, window=W, token_advantages=ppo)
     t0 = time.perf_counter()
-    compiled = step.lower(abs_params, abs_opt, mb).compile(
+    compiled = step.lower(abs_params, abs_opt, minibatch(list(shapes)[:6])).compile(
         compiler_options=plan_compiler_options(mesh))
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
@@ -138,6 +143,12 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = (out["argument_bytes"] + out["temp_bytes"]
                          + max(out["output_bytes"] - out["alias_bytes"], 0) + out["ref_params_bytes"])
+    if ppo:  # the critic lives beside the policy all run; its step runs before the actor's
+        out.update(plan_critic(cfg, model_cfg, mesh, attention, minibatch(
+            ["input_ids", "attention_mask", "response_mask", "values", "returns"])))
+        resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
+        out["peak_bytes"] = max(out["peak_bytes"] + out["critic_params_bytes"] + out["critic_opt_bytes"],
+                                out["critic_step_bytes"] + resident_policy)
     if sampler:
         rows = r.num_groups * r.group_size
         out["sampler_compile_s"] = sampler_compile_seconds(
@@ -145,6 +156,35 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
             cfg.model.compute_dtype)
         out["sampler_shape"] = (rows, r.max_prompt_tokens, r.max_new_tokens)
     return out
+
+
+def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> dict:
+    """Per-device bytes of a PPO run's critic (`rl.critic`): its weights, its AdamW state and the
+    peak of its update step (arguments + temporaries)."""
+    from hgpo_jax.models.qwen2 import Qwen2Critic
+    from hgpo_jax.rl.critic import make_critic_step
+
+    t, c = cfg.train, cfg.critic
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2Critic(
+        model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype, rngs=nnx.Rngs(0),
+        remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention)),
+        nnx.Param)
+    shardings = param_shardings(mesh, params)
+    tx = make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm)
+    opt_shardings = opt_state_shardings(tx, params, mesh)
+    abs_params = _abstract(params, shardings)
+    abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
+    step = make_critic_step(graphdef, tx, c.cliprange_value, cfg.rollout.max_new_tokens,
+                            t.mini_batch_size // t.micro_batch_size, mesh, shardings, opt_shardings)
+    mem = step.lower(abs_params, abs_opt, mb).compile(
+        compiler_options=plan_compiler_options(mesh)).memory_analysis()
+    size = lambda tree: sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))  # noqa: E731
+                            for x in jax.tree.leaves(tree))
+    return {"critic_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+            "critic_params_bytes": size(abs_params), "critic_opt_bytes": size(abs_opt),
+            "critic_step_bytes": (getattr(mem, "argument_size_in_bytes", 0) + getattr(mem, "temp_size_in_bytes", 0)
+                                  + max(getattr(mem, "output_size_in_bytes", 0)
+                                        - getattr(mem, "alias_size_in_bytes", 0), 0))}
 
 
 def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, max_new: int, mesh,
@@ -189,6 +229,11 @@ def format_plan(p: dict) -> str:
         f"    reference parameters  {g(p['ref_params_bytes'])}",
         f"    step arguments        {g(p['argument_bytes'])}  (params + opt state + mini-batch)",
         f"    step temporaries      {g(p['temp_bytes'])}  (gradients, activations, logits chunks)",
+    ] + ([f"    critic parameters     {g(p['critic_params_bytes'])}  ({p['critic_params'] / 1e9:.2f} B, "
+          "value head, no LM head)",
+          f"    critic optimizer      {g(p['critic_opt_bytes'])}",
+          f"    critic step peak      {g(p['critic_step_bytes'])}  (its arguments + temporaries)"]
+         if "critic_params_bytes" in p else []) + [
         f"    estimated peak        {g(p['peak_bytes'])}",
     ] + ([f"  sampler: {p['sampler_shape'][0]} prompts x {p['sampler_shape'][1]} tokens, "
           f"{p['sampler_shape'][2]} new: compiled in {p['sampler_compile_s']:.1f}s"]
