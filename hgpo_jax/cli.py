@@ -218,9 +218,15 @@ def cmd_export(args) -> int:
     if not is_run_dir(args.run_dir):
         raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
                                 "checkpoints/)")
-    model, tokenizer, _ = load_model(args.run_dir, progress=show_progress(args))
+    if args.critic:
+        from hgpo_jax.rl.critic import load_run_critic
+
+        model, tokenizer = load_run_critic(args.run_dir, progress=show_progress(args))
+    else:
+        model, tokenizer, _ = load_model(args.run_dir, progress=show_progress(args))
     out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, overwrite=args.overwrite)
-    print(f"exported the latest checkpoint of {args.run_dir} to {out}")
+    print(f"exported the latest checkpoint's {'critic' if args.critic else 'policy'} of "
+          f"{args.run_dir} to {out}")
     return 0
 
 
@@ -288,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("run_dir")
     ex.add_argument("out_dir")
     ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("--critic", action="store_true",
+                    help="export a ppo run's critic (transformers' Qwen2ForTokenClassification)")
     ex.set_defaults(func=cmd_export)
     pl = sub.add_parser("plan", help="compile the train step and print memory per device")
     pl.add_argument("config")

@@ -288,6 +288,19 @@ def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
         assert resumed[0][key] == pytest.approx(straight[1][key], rel=1e-6, abs=1e-7), key
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), final, again)
     assert cli_main(["eval", str(tmp_path / "straight"), "eval.batch_size=2", "--no-progress"]) == 0
+    # the critic exports as transformers' Qwen2ForTokenClassification with the trained head
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    out = tmp_path / "critic_hf"
+    assert cli_main(["export", str(tmp_path / "straight"), str(out), "--critic"]) == 0
+    hf = AutoModelForTokenClassification.from_pretrained(out, dtype=torch.float32)
+    np.testing.assert_allclose(hf.score.weight.detach().numpy().T, final[1]["score"]["kernel"][...], atol=1e-7)
+    with pytest.raises(ValueError, match="only a ppo run has a critic"):
+        from hgpo_jax.rl.critic import load_run_critic
+        with Trainer(toy_config(tmp_path / "grpo", "train.iterations=1"), progress=False) as t:
+            t.train()
+        load_run_critic(str(tmp_path / "grpo"))
 
 
 def test_ppo_critic_warm_up_holds_the_actor(tmp_path):

@@ -36,7 +36,8 @@ MAIN = ("params", "opt_state")  # the item "state"; any other top-level key is a
 
 
 def _items(state: dict, make) -> dict:
-    items = {"state": make({k: v for k, v in state.items() if k in MAIN})}
+    main = {k: v for k, v in state.items() if k in MAIN}
+    items = {"state": make(main)} if main else {}
     items.update({k: make(v) for k, v in state.items() if k not in MAIN})
     return items
 
@@ -67,7 +68,7 @@ class Checkpointer:
         out = self._manager.restore(step, args=ocp.args.Composite(
             **_items(like, lambda t: ocp.args.StandardRestore(_abstract(t))),
             meta=ocp.args.JsonRestore()))
-        state = dict(out["state"])
+        state = dict(out["state"]) if "state" in out else {}
         state.update({k: out[k] for k in like if k not in MAIN})
         return state, out["meta"]
 

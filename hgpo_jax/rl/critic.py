@@ -27,6 +27,7 @@ a window array back at the rows' token positions [S, L] for the actor's loss.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -166,6 +167,36 @@ def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
 
 
 # --------------------------------------------------------------------------- the run's critic
+def critic_optimizer(cfg):
+    """The critic's AdamW (`cfg.critic`: constant lr after an optional linear warm-up)."""
+    from hgpo_jax.rl.ppo import make_optimizer
+
+    c = cfg.critic
+    return make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm,
+                          warmup_steps=c.warmup_steps, schedule="constant", b1=c.b1, b2=c.b2)
+
+
+def load_run_critic(run_dir: str, progress: bool = False):
+    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer)."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.models.qwen2 import critic_from_policy
+    from hgpo_jax.rl.checkpoint import Checkpointer
+    from hgpo_jax.rl.ppo import init_opt_state
+    from hgpo_jax.runs import CHECKPOINTS, load_model
+
+    cfg = load_config(run_dir)
+    if cfg.algo.estimator != ESTIMATOR:
+        raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
+                         f"{ESTIMATOR} run has a critic")
+    policy, tokenizer, _ = load_model(run_dir, progress=progress)
+    graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
+    like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    try:
+        state, _, _ = ckpt.restore_latest(like)
+    finally:
+        ckpt.close()
+    return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
 class Critic:
     """A PPO run's value model: its params, AdamW state and jitted functions, on the run's mesh.
 
@@ -176,14 +207,13 @@ class Critic:
 
     def __init__(self, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0):
         from hgpo_jax.models.qwen2 import critic_from_policy
-        from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings, shard_params
+        from hgpo_jax.rl.ppo import init_opt_state, param_shardings, shard_params
 
         c, window = cfg.critic, cfg.rollout.max_new_tokens
         self.graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)
         self.shardings = param_shardings(mesh, params)
         self.params = shard_params(params, mesh)
-        self.tx = make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm,
-                                 warmup_steps=c.warmup_steps, schedule="constant", b1=c.b1, b2=c.b2)
+        self.tx = critic_optimizer(cfg)
         self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, mesh)
         self.value_fn = make_value_fn(self.graphdef, window, mesh, self.shardings)
         self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)
