@@ -229,4 +229,5 @@ class Critic:
     def update(self, mb) -> dict:
         """One critic optimizer step on mini-batch `mb` (CRITIC_BATCH); metrics `critic/...`."""
         self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, mb)
-        return {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()}
+        return {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()
+                if k != "train/loss"}  # the loss is vf_loss
