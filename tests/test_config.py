@@ -440,6 +440,30 @@ def test_webshop_paper_values(name):
     assert load_config("tiny_cpu_webshop").env.name == "webshop"
 
 
+PPO_RUNS = [f"ppo_{env}_qwen2.5_{size}" for env in ("alfworld", "webshop") for size in ("1.5b", "7b")]
+
+
+@pytest.mark.parametrize("name", PPO_RUNS)
+def test_ppo_paper_values(name):
+    """verl-agent's examples/ppo_trainer/run_{alfworld,webshop}.sh (docs/ppo_spec.md): 128
+    independent envs, GAE gamma = lambda = 1 (verl's defaults), critic lr 1e-5, value clip 0.5,
+    no critic warm-up; the actor as the GRPO baseline."""
+    c = load_config(name)
+    webshop = "_webshop_" in name
+    assert (c.algo.estimator, c.algo.gamma, c.algo.lam) == ("ppo", 1.0, 1.0)
+    assert (c.rollout.group_size, c.rollout.num_groups, c.rollout.max_new_tokens) == (1, 128, 512)
+    assert (c.critic.lr, c.critic.cliprange_value, c.critic.warmup_iterations) == (1e-5, 0.5, 0)
+    assert (c.critic.weight_decay, c.critic.max_grad_norm) == (0.01, 1.0)
+    assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type, c.algo.entropy_coef, c.algo.invalid_penalty) == (
+        1e-6, 0.01, "low_var_kl", 0.001, 0.1)
+    assert (c.env.name, c.env.max_steps, c.env.memory_len, c.train.iterations) == (
+        ("webshop", 15, 2, 150) if webshop else ("alfworld", 50, 2, 150))
+    assert (c.train.mini_batch_size, c.rollout.max_prompt_tokens) == ((64, 4096) if webshop else (256, 2048))
+    if name.endswith("_1.5b"):
+        assert c.train.micro_batch_size == (16 if webshop else 32)
+    assert "critic" in format_config(c) and "critic" not in format_config(load_config("grpo_alfworld_qwen2.5_1.5b"))
+
+
 def test_paper_files_use_inheritance():
     for name in PAPER_RUNS:
         with open(os.path.join(CONFIG_DIR, f"{name}.yaml")) as f:
