@@ -266,8 +266,24 @@ def test_build_spec_models_are_built_from_each_envs_corpus(tmp_path, monkeypatch
 
     step = data.Step("You are in the middle of a room.", ("go to desk 1", "look"), "go to desk 1")
     episode = data.Episode("put a pen in desk.", (step, step), True, "alfworld:x")
-    monkeypatch.setattr(data, "cached_alfworld_episodes", lambda split, n: [episode])
+    monkeypatch.setattr(data, "cached_alfworld_episodes", lambda split, n, *a, **k: [episode])
     texts = local.env_corpus("alfworld")
     assert len(texts) == 2 and ALFWORLD_INTRO in texts[0] and "<action>go to desk 1</action>" in texts[0]
     with pytest.raises(ValueError, match="build:<env>-<size>"):
         resolve_model_path("build:nowhere-tiny")
+
+
+def test_webshop_build_spec_model(tmp_path, monkeypatch):
+    """build:webshop-<size>: a tokenizer trained on 200 scripted WebShop purchases' prompts."""
+    from hgpo_jax.envs.registry import get_env
+    from hgpo_jax.models import local
+
+    monkeypatch.setattr(local, "CORPUS_EPISODES", 20)
+    texts = local.env_corpus("webshop")
+    assert len(texts) > 20 and all("<|im_start|>assistant" in t for t in texts)
+    tok = local.train_tokenizer(texts, 1024)
+    from hgpo_jax.config import EnvConfig
+
+    ep = get_env("webshop").record_episodes(EnvConfig(name="webshop"), "train", 1, "expert")[0]
+    prompt = data.samples_from_episodes([ep], 2, get_env("webshop").build_prompt)[-1][0]
+    assert len(tok.encode(prompt)) < len(prompt) / 2  # product text merges less than templates

@@ -12,7 +12,8 @@ special tokens are Qwen's, and its chat template is Qwen2.5-Instruct's, verbatim
 
 The corpus is the env's own text: the (prompt, response) turns of its episodes rendered with the
 chat template (`hgpo_jax.sft.data`): toy env: expert and random episodes of its train tasks;
-ALFWorld: expert (walkthrough) episodes of train games played on the real engine.
+ALFWorld: expert (walkthrough) episodes of 200 train games played on the real engine; WebShop:
+200 scripted purchases of train goals.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE, Tokenizer
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BUILD_PREFIX = "build:"
 BUILD_VERSION = 1  # bump when the corpus, tokenizer or sizes change: older cached builds are not reused
-ENVS = ("toy", "alfworld")
+ENVS = ("toy", "alfworld", "webshop")
+CORPUS_EPISODES = 200  # expert episodes of the train split whose turns train the tokenizer
 # Preset sizes of the models built here (parameters without the embeddings in brackets).
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
@@ -38,7 +40,7 @@ SIZES = {
     "base": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6,
                  num_attention_heads=8, num_key_value_heads=4),  # (~4.6 M)
 }
-VOCAB = {"toy": 1024, "alfworld": 4096}
+VOCAB = {"toy": 1024, "alfworld": 4096, "webshop": 4096}
 PIECE_BOUNDARY = r"['\[\]\n]"  # tokens never cross a quote, a bracket or a line break
 
 
@@ -101,9 +103,12 @@ def env_corpus(env: str) -> list[str]:
                     data.toy_episodes(range(300), "expert", reveal=reveal)
                     + data.toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
         texts = data.samples_from_episodes(episodes, 4, get_env("toy").build_prompt)
-    elif env == "alfworld":
-        texts = data.samples_from_episodes(data.cached_alfworld_episodes("train", 200), 2,
-                                           get_env("alfworld").build_prompt)
+    elif env in ENVS:  # expert episodes of train tasks, recorded by the env's registry entry
+        from hgpo_jax.config import EnvConfig
+
+        spec = get_env(env)
+        episodes = spec.record_episodes(EnvConfig(name=env), "train", CORPUS_EPISODES, "expert")
+        texts = data.samples_from_episodes(episodes, 2, spec.build_prompt)
     else:
         raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
     return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)
