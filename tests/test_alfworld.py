@@ -64,6 +64,28 @@ def test_expert_walkthrough_wins_each_task_type(game):
     env.close()
 
 
+def test_reset_reusing_the_loaded_state_changes_nothing(monkeypatch):
+    """A reset right after loading a game reuses the PDDL state the load built: every
+    observation, reward, done flag and admissible list of two walkthroughs (and a replay of the
+    same game, which resets without loading) equals TextWorld's own reset."""
+    games = [list_games("valid_unseen")[0], list_games("valid_seen")[5]]
+
+    def play():
+        env, out = AlfworldEnv(), []
+        for g in games + games[-1:]:
+            obs, info = env.reset(g)
+            out.append((obs, info["admissible_actions"]))
+            for a in walkthrough(g):
+                obs, r, done, info = env.step(a)
+                out.append((obs, r, done, info["admissible_actions"]))
+        env.close()
+        return out
+
+    fast = play()
+    monkeypatch.setattr(alfworld, "_reset_reusing_loaded_state", lambda env: env.reset())
+    assert fast == play()
+
+
 def test_garbage_actions_answer_nothing_happens():
     env = AlfworldEnv(max_steps=100)
     game = list_games("valid_unseen")[0]

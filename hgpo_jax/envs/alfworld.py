@@ -146,10 +146,14 @@ class AlfworldEnv:
                                     "list_games(split)")
         if self._env is None:
             self._env = _start(game)
+            loaded = True
         elif game != self._game:
             self._env.load(game)
+            loaded = True
+        else:
+            loaded = False
         self._game = game
-        state = self._env.reset()
+        state = _reset_reusing_loaded_state(self._env) if loaded else self._env.reset()
         self.steps, self.won = 0, False
         obs = state["feedback"]
         self.task = task_from_observation(obs)
@@ -185,6 +189,31 @@ def _start(game: str):
     infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
     return textworld.start(game, request_infos=infos,
                            wrappers=[AlfredDemangler(), AlfredInfos()])
+
+
+def _reset_reusing_loaded_state(env):
+    """`env.reset()` right after `env.load(game)`, without building the game's PDDL state twice.
+
+    TextWorld's PddlEnv builds the initial state (a Fast Downward translation of the game's PDDL
+    problem, about 40% of a reset) in `load` and again, from the same problem and logic, in
+    `reset`; the second one is the same initial state. Here `reset` is handed the state `load`
+    built (nothing has stepped it). Every observation, admissible list and reward is unchanged
+    (tests/test_alfworld.py replays walkthroughs both ways).
+    """
+    from textworld.envs.pddl import pddl as pddl_env
+
+    inner = env
+    while inner.__dict__.get("_wrapped_env") is not None:
+        inner = inner.__dict__["_wrapped_env"]
+    loaded = inner.__dict__.get("_pddl_state")
+    if loaded is None:
+        return env.reset()
+    build = pddl_env.pddl_logic.PddlState
+    pddl_env.pddl_logic.PddlState = lambda *args, **kwargs: loaded
+    try:
+        return env.reset()
+    finally:
+        pddl_env.pddl_logic.PddlState = build
 
 
 def walkthrough(game_path: str) -> list[str]:
