@@ -1,6 +1,6 @@
-"""HGPO (K=2, K=4) vs GiGPO vs GRPO vs RLOO on a history-dependent toy task, several seeds.
+"""HGPO (K=2, K=4) vs GiGPO vs GRPO vs RLOO vs PPO (critic) on a history-dependent toy task, several seeds.
 
-  python experiments/compare_estimators.py                      # 3 seeds x 5 estimators, ~2.7 h on 2 cores
+  python experiments/compare_estimators.py                      # 3 seeds x 6 estimators, ~3.5 h on 2 cores
   taskset -c 0 python experiments/compare_estimators.py --seeds 0 2 &   # faster (~1.4x): one
   taskset -c 1 python experiments/compare_estimators.py --seeds 1       # process per core, then
   python experiments/compare_estimators.py                      # collect (finished runs are reused)
