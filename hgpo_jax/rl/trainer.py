@@ -6,10 +6,12 @@
 One iteration (docs/training.md):
 1. rollout: `num_groups` tasks x `group_size` envs in lockstep (sampler + EnvPool);
 2. advantages: `compute_step_advantages(estimator, ...)` on the step rows (host grouping + jit);
+   with `algo.estimator: ppo`, after step 3: the critic's values, GAE and whitening (rl/critic.py);
 3. pack every step into a row (prompt + response, loss on response tokens), compute the rollout
    policy's and the frozen reference policy's token log-probs (jit, sharded over the batch);
 4. `ppo_epochs` passes over shuffled mini-batches, each one AdamW update with micro-batch
-   gradient accumulation; a non-finite loss/gradient skips that update (logged);
+   gradient accumulation; a non-finite loss/gradient skips that update (logged); a PPO run
+   first updates its critic on the same mini-batches;
 5. metrics to JSONL + TensorBoard; a checkpoint every `save_every` iterations and on SIGTERM.
 """
 
