@@ -20,8 +20,8 @@ What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
   critic before this iteration's update.
 
 Layout: every [S, W] array here is a row's response window (`rl.ppo.response_window`): column t
-is response token t, W = rollout.max_new_tokens (verl's response_length). `window_to_rows` puts
-a window array back at the rows' token positions [S, L] for the actor's loss.
+is response token t, W = rollout.max_new_tokens (verl's response_length). `rl.ppo.window_to_rows`
+puts a window array back at the rows' token positions [S, L] for the actor's loss.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.ppo import batch_sharding, make_update_step, response_window
+from hgpo_jax.rl.ppo import batch_sharding, make_update_step, window_predictors, window_to_rows
 
 ESTIMATOR = "ppo"  # algo.estimator of a run with a critic
 WHITEN_EPS = 1e-8
@@ -56,8 +56,7 @@ def token_values(critic, input_ids, attention_mask, response_mask, window: int):
     """V_t for each response window position: float32 [S, W], 0 outside the value mask.
     input_ids, attention_mask, response_mask: [S, L], right-padded rows."""
     hidden, _ = critic.hidden_states(input_ids, attention_mask=attention_mask, right_padded=True)
-    rows, pos = response_window(response_mask, window)
-    h = hidden[rows, jnp.clip(pos - 1, 0, input_ids.shape[1] - 1)]        # [S, W, D]
+    h = window_predictors(hidden, response_mask, window)                    # [S, W, D]
     return critic.values(h) * window_masks(response_mask, window)[1]
 
 
@@ -104,14 +103,6 @@ def gae_advantages(rewards, values, response_mask, window: int, gamma: float, la
                "critic/returns_mean": masked_mean(returns, token_mask),
                "critic/advantages_mean_raw": masked_mean(returns - values, token_mask)}
     return window_to_rows(adv * token_mask, response_mask), returns, metrics
-
-
-def window_to_rows(x, response_mask):
-    """A window array [S, W] at its rows' token positions: [S, L], 0 outside the response."""
-    S, L = response_mask.shape
-    rows, pos = response_window(response_mask, x.shape[1])
-    out = jnp.zeros((S, L), x.dtype).at[rows, pos].set(x, mode="drop")
-    return jnp.where(response_mask > 0, out, 0)
 
 
 def value_loss(vpred, old_values, returns, value_mask, clip: float):
@@ -197,6 +188,8 @@ def load_run_critic(run_dir: str, progress: bool = False):
     finally:
         ckpt.close()
     return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
+
+
 class Critic:
     """A PPO run's value model: its params, AdamW state and jitted functions, on the run's mesh.
 

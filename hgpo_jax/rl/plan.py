@@ -27,8 +27,7 @@ from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
-from hgpo_jax.rl.ppo import (batch_sharding, make_optimizer, make_train_step, opt_state_shardings,
-                             param_shardings)
+from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
 from hgpo_jax.rl.trainer import build_loss_config
 from hgpo_jax.runs import build_optimizer
 
@@ -64,6 +63,19 @@ def plan_model_config(path: str) -> Qwen2Config:
 def devices_needed(cfg) -> int:
     """Devices the config's mesh asks for (an axis of -1, "all the rest", counts as 1)."""
     return math.prod(max(s, 1) for s in (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+
+
+def _bytes_per_device(tree) -> int:
+    """Bytes one device holds of an abstract tree (each leaf's shard shape)."""
+    return sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))
+               for x in jax.tree.leaves(tree))
+
+
+def _step_peak_bytes(mem) -> int:
+    """A compiled step's peak: arguments + temporaries + outputs that do not alias (donated)
+    arguments."""
+    return (getattr(mem, "argument_size_in_bytes", 0) + getattr(mem, "temp_size_in_bytes", 0)
+            + max(getattr(mem, "output_size_in_bytes", 0) - getattr(mem, "alias_size_in_bytes", 0), 0))
 
 
 def _abstract(tree, shardings):
@@ -122,17 +134,13 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     mem = compiled.memory_analysis()
     n_dev = mesh.devices.size
 
-    def per_device(tree):
-        return sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))
-                   for x in jax.tree.leaves(tree))
-
     out = {
         "model": cfg.model.path, "mesh": dict(mesh.shape), "devices": n_dev,
         "platform": jax.devices()[0].platform, "params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
         "seq_len": L, "mini_batch": M, "micro_batch": t.micro_batch_size, "remat": t.remat,
         "scan_layers": cfg.model.scan_layers, "attention": attention_label,
-        "params_bytes": per_device(abs_params), "opt_bytes": per_device(abs_opt),
-        "ref_params_bytes": per_device(abs_params),
+        "params_bytes": _bytes_per_device(abs_params), "opt_bytes": _bytes_per_device(abs_opt),
+        "ref_params_bytes": _bytes_per_device(abs_params),
         "argument_bytes": getattr(mem, "argument_size_in_bytes", 0),
         "output_bytes": getattr(mem, "output_size_in_bytes", 0),
         "temp_bytes": getattr(mem, "temp_size_in_bytes", 0),
@@ -141,8 +149,7 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     }
     # Peak of the train step (arguments + temporaries; outputs alias the donated arguments),
     # plus the frozen reference weights that live beside it.
-    out["peak_bytes"] = (out["argument_bytes"] + out["temp_bytes"]
-                         + max(out["output_bytes"] - out["alias_bytes"], 0) + out["ref_params_bytes"])
+    out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
     if ppo:  # the critic lives beside the policy all run; its step runs before the actor's
         out.update(plan_critic(cfg, model_cfg, mesh, attention, minibatch(
             ["input_ids", "attention_mask", "response_mask", "values", "returns"])))
@@ -162,7 +169,7 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> 
     """Per-device bytes of a PPO run's critic (`rl.critic`): its weights, its AdamW state and the
     peak of its update step (arguments + temporaries)."""
     from hgpo_jax.models.qwen2 import Qwen2Critic
-    from hgpo_jax.rl.critic import make_critic_step
+    from hgpo_jax.rl.critic import critic_optimizer, make_critic_step
 
     t, c = cfg.train, cfg.critic
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2Critic(
@@ -170,7 +177,7 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> 
         remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention)),
         nnx.Param)
     shardings = param_shardings(mesh, params)
-    tx = make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm)
+    tx = critic_optimizer(cfg)
     opt_shardings = opt_state_shardings(tx, params, mesh)
     abs_params = _abstract(params, shardings)
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
@@ -178,13 +185,9 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> 
                             t.mini_batch_size // t.micro_batch_size, mesh, shardings, opt_shardings)
     mem = step.lower(abs_params, abs_opt, mb).compile(
         compiler_options=plan_compiler_options(mesh)).memory_analysis()
-    size = lambda tree: sum(jnp.dtype(x.dtype).itemsize * math.prod(x.sharding.shard_shape(x.shape))  # noqa: E731
-                            for x in jax.tree.leaves(tree))
     return {"critic_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
-            "critic_params_bytes": size(abs_params), "critic_opt_bytes": size(abs_opt),
-            "critic_step_bytes": (getattr(mem, "argument_size_in_bytes", 0) + getattr(mem, "temp_size_in_bytes", 0)
-                                  + max(getattr(mem, "output_size_in_bytes", 0)
-                                        - getattr(mem, "alias_size_in_bytes", 0), 0))}
+            "critic_params_bytes": _bytes_per_device(abs_params),
+            "critic_opt_bytes": _bytes_per_device(abs_opt), "critic_step_bytes": _step_peak_bytes(mem)}
 
 
 def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, max_new: int, mesh,

@@ -122,13 +122,11 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
     else:
         if response_mask is None:
             raise ValueError("token_logprobs: a window needs the response_mask")
+        h = window_predictors(hidden, response_mask, window)            # [S, W, D]
         rows, pos = response_window(response_mask, window)
-        h = hidden[rows, jnp.clip(pos - 1, 0, L - 1)]                   # [S, W, D] their predictors
         t = input_ids[rows, jnp.clip(pos, 0, L - 1)]                    # [S, W]
         out = _chunked_logprobs(model, h, t, min(chunk, window), with_entropy)
-        keep = response_mask > 0
-        out = tuple(jnp.where(keep, jnp.zeros((S, L), jnp.float32).at[rows, pos].set(x, mode="drop"), 0.0)
-                    for x in out)
+        out = tuple(window_to_rows(x, response_mask) for x in out)
     return out if with_entropy else out[0]
 
 
@@ -138,6 +136,22 @@ def response_window(response_mask, window: int):
     is shorter; callers clip or mask them). response_mask: [S, L], right-padded rows."""
     start = jnp.argmax(response_mask > 0, axis=1)                        # [S]
     return jnp.arange(response_mask.shape[0])[:, None], start[:, None] + jnp.arange(window)[None, :]
+
+
+def window_predictors(hidden, response_mask, window: int):
+    """The hidden states that predict each response window position (the one before it: the last
+    prompt token for the first), [S, W, D] from hidden [S, L, D]; positions past a row's end
+    read its last slot (callers mask them)."""
+    rows, pos = response_window(response_mask, window)
+    return hidden[rows, jnp.clip(pos - 1, 0, hidden.shape[1] - 1)]
+
+
+def window_to_rows(x, response_mask):
+    """A window array [S, W] back at its rows' token positions: [S, L], 0 outside the response."""
+    S, L = response_mask.shape
+    rows, pos = response_window(response_mask, x.shape[1])
+    out = jnp.zeros((S, L), x.dtype).at[rows, pos].set(x, mode="drop")
+    return jnp.where(response_mask > 0, out, 0)
 
 
 def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):
