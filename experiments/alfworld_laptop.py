@@ -6,10 +6,13 @@
 
 Stages (each resumable; a finished stage is recorded in OUT/state.json and skipped):
 1. experts: the walkthrough of every one of the 3,553 train games played through the real engine
-   (so each turn is exactly what a rollout shows), in shards of 100 games over --workers
-   processes, cached under $HGPO_JAX_CACHE/expert/ (`sft.episodes=3553` then reuses them).
+   (so each turn is exactly what a rollout shows), and ALFWorld's hand-coded expert on
+   --search-games of them (it searches receptacle by receptacle, where the walkthrough goes
+   straight to the hidden object: a model that only saw walkthroughs never learns to look),
+   in shards of 100 games over --workers processes, cached under $HGPO_JAX_CACHE/expert/
+   (`sft.data=expert+search:800 sft.episodes=3553` then reuses them).
 2. sft: a small Qwen2 built here (`build:alfworld-<size>`, tokenizer trained on ALFWorld text),
-   warm-started by `hgpo-jax sft alfworld_laptop_sft` on those episodes.
+   warm-started by `hgpo-jax sft alfworld_laptop_sft` on both kinds of episodes.
 3. eval_warm: the warm start on every valid_seen (In) and valid_unseen (Out) game, once each,
    at the eval temperature 0.4: success overall and per task type.
 4. rl: HGPO (K=2), GiGPO and GRPO from the warm start under equal compute
@@ -37,6 +40,7 @@ if ROOT not in sys.path:
 
 STAGES = ("experts", "sft", "eval_warm", "rl", "eval_rl", "report")
 SHARD = 100  # games per recording shard
+SEARCH_GAMES = 800  # train games with searching episodes (sft.data=expert+search:800)
 
 
 # ----------------------------------------------------------------------------------- state
@@ -57,54 +61,63 @@ def save_state(out: str, state: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------- experts
-def _record_shard(args: tuple) -> tuple[int, int, float]:
-    """Record the expert episodes of one shard of train games into its JSONL file."""
-    index, games, path = args
+def _record_shard(args: tuple) -> tuple[str, int, int, float]:
+    """Record the winning episodes of one shard of train games into its JSONL file."""
+    kind, index, games, path = args
     from hgpo_jax.sft.data import alfworld_episodes, save_episodes
 
     t0 = time.perf_counter()
-    episodes = alfworld_episodes(games)
+    # search episodes: the seed is the shard's, so a shard's episodes do not depend on the others
+    episodes = alfworld_episodes(games, kind=kind, seed=index)
     save_episodes(episodes, path)
-    return index, len(episodes), time.perf_counter() - t0
+    return kind, index, len(episodes), time.perf_counter() - t0
 
 
-def expert_cache_path(num_games: int) -> str:
-    """Where `hgpo_jax.sft.data.cached_alfworld_episodes('train', num_games)` looks."""
-    from hgpo_jax.envs.data import cache_root
-
-    return os.path.join(cache_root(), "expert", f"alfworld-train-{num_games}.jsonl")
+def shard_jobs(kind: str, games: list[str], final: str) -> tuple[list[tuple], list[str]]:
+    """(jobs still to record, every shard's path) for `kind`'s episodes of `games`."""
+    base = os.path.basename(final)[:-len(".jsonl")]
+    shard_dir = os.path.join(os.path.dirname(final), f"{base}-shards")
+    os.makedirs(shard_dir, exist_ok=True)
+    paths = [os.path.join(shard_dir, f"shard-{i // SHARD:04d}.jsonl") for i in range(0, len(games), SHARD)]
+    jobs = [(kind, i, games[i * SHARD:(i + 1) * SHARD], path) for i, path in enumerate(paths)
+            if not os.path.isfile(path)]
+    return jobs, paths
 
 
 def stage_experts(args, state: dict) -> dict:
+    """Walkthrough episodes of the train games (kind "expert") and, for --search-games of them,
+    the hand-coded expert's searching episodes (kind "search"), recorded in shards."""
     import multiprocessing
 
     from hgpo_jax.envs.alfworld import list_games
-    from hgpo_jax.sft.data import load_episodes, save_episodes, spread
+    from hgpo_jax.sft.data import alfworld_episodes_path, load_episodes, save_episodes, spread
 
-    # the games `cached_alfworld_episodes("train", n)` (sft.episodes=n) plays: spread over the split
-    games = spread(list_games("train"), args.games)
-    final = expert_cache_path(len(games))
-    if os.path.isfile(final):
-        return {"games": len(games), "episodes": len(load_episodes(final)), "cached": final}
-    shard_dir = os.path.join(os.path.dirname(final), f"alfworld-train-{len(games)}-shards")
-    os.makedirs(shard_dir, exist_ok=True)
-    jobs = []
-    for i in range(0, len(games), SHARD):
-        path = os.path.join(shard_dir, f"shard-{i // SHARD:04d}.jsonl")
-        if not os.path.isfile(path):
-            jobs.append((i // SHARD, games[i:i + SHARD], path))
-    total = -(-len(games) // SHARD)
-    print(f"experts: {len(games)} train games, {total - len(jobs)} of {total} shards cached, "
-          f"recording {len(jobs)} with {args.workers} processes", flush=True)
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        for done, (index, n, seconds) in enumerate(pool.imap_unordered(_record_shard, jobs), 1):
-            print(f"  shard {index:4d}: {n} winning episodes in {seconds:.0f} s "
-                  f"({done}/{len(jobs)})", flush=True)
-    episodes = []
-    for i in range(total):
-        episodes += load_episodes(os.path.join(shard_dir, f"shard-{i:04d}.jsonl"))
-    save_episodes(episodes, final)
-    return {"games": len(games), "episodes": len(episodes), "cached": final}
+    train = list_games("train")
+    # the games `cached_alfworld_episodes("train", n, kind=...)` (sft.data=expert+search:n) plays
+    wanted = {"expert": spread(train, args.games)}
+    if args.search_games:
+        wanted["search"] = spread(train, args.search_games)
+    result, jobs, paths = {}, [], {}
+    for kind, games in wanted.items():
+        final = alfworld_episodes_path("train", len(games), kind)
+        if os.path.isfile(final):
+            result[kind] = {"games": len(games), "episodes": len(load_episodes(final)), "cached": final}
+            continue
+        todo, paths[kind] = shard_jobs(kind, games, final)
+        jobs += todo
+        print(f"{kind} episodes: {len(games)} train games, {len(paths[kind]) - len(todo)} of "
+              f"{len(paths[kind])} shards cached", flush=True)
+    if jobs:
+        print(f"recording {len(jobs)} shards with {args.workers} processes", flush=True)
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+            for done, (kind, index, n, seconds) in enumerate(pool.imap_unordered(_record_shard, jobs), 1):
+                print(f"  {kind} shard {index:4d}: {n} winning episodes in {seconds:.0f} s "
+                      f"({done}/{len(jobs)})", flush=True)
+    for kind, shard_paths in paths.items():
+        episodes = [ep for path in shard_paths for ep in load_episodes(path)]
+        final = save_episodes(episodes, alfworld_episodes_path("train", len(wanted[kind]), kind))
+        result[kind] = {"games": len(wanted[kind]), "episodes": len(episodes), "cached": final}
+    return result
 
 
 # ----------------------------------------------------------------------------------- CLI stages
@@ -141,7 +154,9 @@ def has_checkpoint(run_dir: str) -> bool:
 def stage_sft(args, state: dict) -> dict:
     run = os.path.join(args.runs, "sft")
     argv = ["sft", "alfworld_laptop_sft", f"train.run_dir={run}", f"mesh.data={args.devices}",
-            *([f"sft.episodes={args.games}"] if args.games else []), *args.set_sft]
+            *([f"sft.episodes={args.games}"] if args.games else []),
+            "sft.data=expert" + (f"+search:{args.search_games}" if args.search_games else ""),
+            *args.set_sft]
     seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
     return {"run": run, "seconds_this_sitting": seconds}
 
@@ -274,6 +289,8 @@ def main(argv=None) -> int:
     parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
     parser.add_argument("--games", type=int, default=0,
                         help="train games with expert episodes (0: all 3,553); smaller for a smoke test")
+    parser.add_argument("--search-games", type=int, default=SEARCH_GAMES,
+                        help="train games with the hand-coded expert's searching episodes (0: none)")
     for stage in ("sft", "rl", "eval"):
         parser.add_argument(f"--set-{stage}", nargs="*", default=[], metavar="KEY=VALUE",
                             help=f"extra config overrides of the {stage} commands")

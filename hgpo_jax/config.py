@@ -165,13 +165,32 @@ class EvalConfig:
 class SftConfig:
     """Supervised warm start (`hgpo-jax sft`, docs/sft.md); uses optim, train, model, env, mesh."""
 
-    data: str = "expert"  # expert | random (the reply format only) | a JSONL of prompt/response turns
-    episodes: int = 200  # episodes recorded on env.split (toy: tasks; alfworld: games)
+    # recorded episodes: expert | random (the reply format only) | search (ALFWorld: the hand-coded
+    # expert that searches), or several joined by "+", each with its own count as kind:N
+    # (e.g. expert+search:800); or a JSONL file of prompt/response turns
+    data: str = "expert"
+    episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # turns per step (micro-batches: see sft_micro_batch_size)
     heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
+
+    def sources(self) -> list[tuple[str, int]]:
+        """[(episode kind, count)] of `data` ("expert+search:800" -> [("expert", episodes),
+        ("search", 800)]); [] when `data` is a JSONL file of turns (a path ending in .jsonl or an
+        existing file)."""
+        data = self.data.strip()
+        if data.endswith(".jsonl") or os.path.isfile(data):
+            return []
+        out = []
+        for part in data.split("+"):
+            kind, _, count = part.strip().partition(":")
+            if not kind.isidentifier() or (count and not count.strip().isdigit()):
+                raise ConfigError(f"sft.data={self.data!r}: {part!r} is not KIND or KIND:N (e.g. "
+                                  "expert, random, expert+search:800) and no such file exists")
+            out.append((kind, int(count) if count else self.episodes))
+        return out
 
 
 @dataclass
@@ -785,7 +804,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("critic.warmup_iterations", c.warmup_iterations, 0)
 
     f = cfg.sft
-    check(bool(f.data.strip()), "sft.data", f.data, "expert, random or a JSONL path")
+    check(bool(f.data.strip()), "sft.data", f.data, "expert, random, search, KIND+KIND:N or a JSONL path")
+    try:
+        for kind, n in f.sources():
+            at_least(f"the count of {kind} in sft.data", n, 1)
+    except ConfigError as e:
+        p.append(str(e))
     at_least("sft.episodes", f.episodes, 1)
     at_least("sft.steps", f.steps, 1)
     at_least("sft.batch_size", f.batch_size, 1)

@@ -1,5 +1,5 @@
 """experiments/alfworld_laptop.py end to end with tiny settings: every stage through the CLI (two
-train games' expert episodes, a tiny model, one RL iteration of one estimator, one game per eval
+train games' walkthrough and searching episodes, a tiny model, one RL iteration of one estimator, one game per eval
 split), the report and the resume/status behaviour. Nothing here needs the real experiment."""
 
 import json
@@ -11,7 +11,7 @@ sys.path.insert(0, ROOT)
 
 from experiments import alfworld_laptop  # noqa: E402
 
-TINY = ["--games", "2", "--workers", "1", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
+TINY = ["--games", "2", "--search-games", "2", "--workers", "1", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
         "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
         "--set-rl", "train.iterations=1", "rollout.num_groups=1", "rollout.group_size=2",
@@ -25,8 +25,10 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert alfworld_laptop.main(args) == 0
     state = json.loads((out / "state.json").read_text())
     assert list(state["done"]) == list(alfworld_laptop.STAGES)
-    assert state["done"]["experts"]["result"]["episodes"] == 2
-    assert any(c.startswith("hgpo-jax sft alfworld_laptop_sft") for c in state["commands"])
+    experts = state["done"]["experts"]["result"]
+    assert experts["expert"]["episodes"] == 2 and 1 <= experts["search"]["episodes"] <= 2
+    assert any(c.startswith("hgpo-jax sft alfworld_laptop_sft") and "sft.data=expert+search:2" in c
+               for c in state["commands"])
     assert any(c.startswith("hgpo-jax train alfworld_laptop_rl") and "algo.K=2" in c
                for c in state["commands"])
 

@@ -102,6 +102,70 @@ def test_alfworld_expert_samples_are_exactly_the_rollout_prompts(tok):
     check_samples_equal_rollout(tok, episodes, rollout, 2, ALFWORLD_INTRO)
 
 
+def test_alfworld_search_episodes_look_for_the_objects(tok):
+    """ALFWorld's hand-coded expert (kind "search") searches receptacles instead of going straight
+    to the hidden object: longer than the walkthrough, every action admissible (or "look"), the
+    same episode for the same seed, and its samples are the rollout's prompts as well."""
+    import functools
+
+    from hgpo_jax.envs.alfworld import AlfworldEnv
+
+    game = list_games("train")[0]  # look_at_obj_in_light-AlarmClock-None-DeskLamp-301: 13 steps
+    (ep,) = data.alfworld_episodes([game], kind="search", seed=0)
+    assert ep.won and ep.source == f"alfworld-search:{game}"
+    assert len(ep.steps) > len(walkthrough(game))
+    visited = [s.action for s in ep.steps if s.action.startswith("go to ")]
+    assert len(set(visited)) >= 3  # it looked in several places before the alarm clock's
+    assert all(s.action in s.admissible or s.action == "look" for s in ep.steps)
+    assert data.alfworld_episodes([game], kind="search", seed=0) == [ep]
+    with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=1, num_workers=1) as pool:
+        rollout = rollout_prompts(tok, pool, [game], [[s.action for s in ep.steps]], len(ep.steps),
+                                  2, ALFWORLD_INTRO)
+    check_samples_equal_rollout(tok, [ep], rollout, 2, ALFWORLD_INTRO)
+    with pytest.raises(ValueError, match="unknown ALFWorld episode kind"):
+        data.alfworld_episodes([game], kind="random")
+
+
+def test_alfworld_task_params_from_the_folder_name():
+    from hgpo_jax.envs.alfworld import task_params
+
+    game = "/d/train/pick_cool_then_place_in_recep-Plate-None-Cabinet-22/trial_T1/game.tw-pddl"
+    assert task_params(game) == {"task_type": "pick_cool_then_place_in_recep", "object_target": "Plate",
+                                 "parent_target": "Cabinet", "toggle_target": "Cabinet",
+                                 "mrecep_target": ""}
+    moved = "/d/pick_and_place_with_movable_recep-Pen-Mug-Desk-301/t/game.tw-pddl"
+    with pytest.raises(ValueError, match="task parameters are unknown"):
+        task_params(moved)
+
+
+def test_sft_data_sources_mix_kinds(monkeypatch, tmp_path, tok):
+    """sft.data=expert+search:N records each kind with its own count and trains on both."""
+    from hgpo_jax.envs import registry
+    from hgpo_jax.sft.trainer import build_samples
+
+    cfg = load_config("toy_format", ["sft.data=expert+random:3", "sft.episodes=5"])
+    assert cfg.sft.sources() == [("expert", 5), ("random", 3)]
+    assert load_config("toy_format").sft.sources() == [("random", 400)]
+    turns = tmp_path / "t.jsonl"
+    turns.write_text("")
+    assert load_config("toy_format", [f"sft.data={turns}"]).sft.sources() == []
+    with pytest.raises(ConfigError, match="count of search in sft.data"):
+        load_config("toy_format", ["sft.data=expert+search:0"])
+    calls = []
+    spec = registry.get_env("toy")
+    record = spec.record_episodes
+
+    def spy(env_cfg, split, n, kind, **kw):
+        calls.append((kind, n))
+        return record(env_cfg, split, n, kind, **kw)
+
+    monkeypatch.setitem(registry._specs(), "toy", dataclasses.replace(spec, record_episodes=spy))
+    train, held, info = build_samples(dataclasses.replace(cfg, sft=dataclasses.replace(
+        cfg.sft, heldout=0.0)), tok)
+    assert calls == [("expert", 5), ("random", 3)]
+    assert info["expert_episodes"] == 5 and info["random_episodes"] == 3 and info["episodes"] == 8
+
+
 def test_random_episodes_keep_the_format_and_use_admissible_actions():
     episodes = data.toy_episodes(range(20), "random", seed=3, max_steps=6)
     assert any(not ep.won for ep in episodes) and any(ep.won for ep in episodes)
@@ -226,7 +290,10 @@ def test_sft_cli_and_errors(tmp_path, capsys):
         load_config("toy_format", ["sft.heldout=1"])
     assert cli_main(["sft", "toy_format", f"train.run_dir={tmp_path / 'x'}", "model.path=tiny",
                      "sft.data=/no/such.jsonl"]) == 2
-    assert "neither 'expert', 'random' nor an existing JSONL" in capsys.readouterr().err
+    assert "no existing JSONL file" in capsys.readouterr().err
+    assert cli_main(["sft", "toy_format", f"train.run_dir={tmp_path / 'x'}", "model.path=tiny",
+                     "sft.data=expert+search:many"]) == 2
+    assert "is not KIND or KIND:N" in capsys.readouterr().err
     assert cli_main(["train", "toy_hgpo", f"train.run_dir={tmp_path / 'y'}",
                      f"model.path={tmp_path / 'x'}"]) == 2  # a run folder without checkpoints
 

@@ -129,10 +129,12 @@ def as_command(action) -> str:
 class AlfworldEnv:
     """One ALFWorld game at a time on the TextWorld engine; `reset(game_path)`."""
 
-    def __init__(self, max_steps: int = 50):
+    def __init__(self, max_steps: int = 50, facts: bool = False):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.max_steps = max_steps
+        self.facts = facts  # also ask the engine for the true facts (state["facts"]; experts only)
+        self.state = None  # the engine's last state (a TextWorld GameState)
         self._env = None
         self._game = None
         self.steps = 0
@@ -145,7 +147,7 @@ class AlfworldEnv:
             raise FileNotFoundError(f"ALFWorld game file {game!r} does not exist; get paths from "
                                     "list_games(split)")
         if self._env is None:
-            self._env = _start(game)
+            self._env = _start(game, facts=self.facts)
             loaded = True
         elif game != self._game:
             self._env.load(game)
@@ -154,6 +156,7 @@ class AlfworldEnv:
             loaded = False
         self._game = game
         state = _reset_reusing_loaded_state(self._env) if loaded else self._env.reset()
+        self.state = state
         self.steps, self.won = 0, False
         obs = state["feedback"]
         self.task = task_from_observation(obs)
@@ -163,6 +166,7 @@ class AlfworldEnv:
         if self._env is None:
             raise RuntimeError("call reset(game_path) before step()")
         state, _, _ = self._env.step(as_command(action))
+        self.state = state
         self.steps += 1
         obs = state["feedback"]
         newly_won = bool(state["won"]) and not self.won
@@ -182,11 +186,11 @@ class AlfworldEnv:
                 "gamefile": self._game, "step": self.steps}
 
 
-def _start(game: str):
+def _start(game: str, facts: bool = False):
     import textworld  # imported lazily: only env workers need the engine
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
-    infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+    infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=facts, extras=["gamefile"])
     return textworld.start(game, request_infos=infos,
                            wrappers=[AlfredDemangler(), AlfredInfos()])
 
@@ -224,6 +228,71 @@ def walkthrough(game_path: str) -> list[str]:
         return list(json.load(f)["walkthrough"])
 
 
+def task_params(game_path: str) -> dict[str, str]:
+    """The task's PDDL parameters, read from its folder name `TASKTYPE-Object-MovableRecep-Recep-Scene`
+    (the release's traj_data.json, where ALFWorld's hand-coded expert reads them, is not in the
+    project's data): task_type, object_target, mrecep_target ("" for None), parent_target and
+    toggle_target (both the Recep part: the lamp of look_at_obj_in_light tasks)."""
+    folder = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(game_path))))
+    parts = folder.split("-")
+    if len(parts) != 5 or parts[0] not in TASK_TYPES:
+        raise ValueError(f"{game_path!r} is not in a TASKTYPE-Object-MovableRecep-Recep-Scene "
+                         "folder of the ALFWorld release; its task parameters are unknown")
+    task_type, obj, mrecep, recep, _ = parts
+    return {"task_type": task_type, "object_target": obj, "parent_target": recep,
+            "toggle_target": recep, "mrecep_target": "" if mrecep == "None" else mrecep}
+
+
+class SearchExpert:
+    """ALFWorld's hand-coded expert (`alfworld.agents.expert.HandCodedTWAgent`, the teacher of the
+    ALFWorld paper's DAgger agents) for one game: unlike the stored walkthrough, which goes
+    straight to where the hidden objects are, it finds objects by visiting receptacles in the
+    order of its object-to-receptacle priors, opening closed ones (and closing them after), so
+    its episodes show search and recovery. It reads the engine's true facts (AlfworldEnv(facts=True))
+    only to know what it holds and whether that is hot, cool or clean.
+
+        env = AlfworldEnv(facts=True); obs, info = env.reset(game)
+        expert = SearchExpert(game, obs, seed=0)
+        action = expert.act(env.state, info["admissible_actions"], last_action="")
+
+    Its random choices (which of several visible targets; a random admissible action when it
+    would repeat itself) draw from its own `random.Random(seed)`: the library's module-level
+    `random` is swapped for it during each call and restored after.
+    """
+
+    def __init__(self, game_path: str, first_observation: str, seed: int = 0, max_steps: int = 200):
+        import random
+
+        import alfworld.gen.constants as constants
+        from alfworld.agents.expert import HandCodedTWAgent
+
+        params = {k: (v.lower() if v in constants.OBJECTS else v)
+                  for k, v in task_params(game_path).items()}
+        self._agent = HandCodedTWAgent(max_steps=max_steps)
+        self._agent.task_params = params
+        self._agent.policy = self._agent.get_task_policy(params)(params, max_steps=max_steps)
+        self._rng = random.Random(seed)
+        self._call(self._agent.observe, first_observation)
+
+    def _call(self, fn, *args):
+        from alfworld.agents.expert import handcoded_expert
+
+        module_random = handcoded_expert.random
+        handcoded_expert.random = self._rng
+        try:
+            return fn(*args)
+        finally:
+            handcoded_expert.random = module_random
+
+    def act(self, state, admissible: list[str], last_action: str) -> str:
+        """The next action given the engine's state (with facts) after `last_action` ("" at the
+        first step). "look" when the expert's choice is not admissible (as ALFWorld's wrapper)."""
+        view = dict(state)
+        view["admissible_commands"] = list(admissible)
+        action = self._call(self._agent.act, view, 0, bool(state["won"]), last_action)
+        return action if action in admissible else "look"
+
+
 # --------------------------------------------------------------------------- registry entry
 def _make_env(env_cfg):
     import functools
@@ -237,12 +306,13 @@ def _list_tasks(env_cfg, split: str) -> list[str]:
 
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
-    from hgpo_jax.sft.data import cached_alfworld_episodes
+    from hgpo_jax.sft.data import ALFWORLD_KINDS, cached_alfworld_episodes
 
-    if kind != "expert":
-        raise ValueError("sft.data=random (random admissible actions) is implemented for the toy "
-                         "env only; use sft.data=expert for ALFWorld")
-    return cached_alfworld_episodes(split, n, env_cfg.data_dir, progress=progress)
+    if kind not in ALFWORLD_KINDS:
+        raise ValueError(f"sft.data kind {kind!r} is not recorded for ALFWorld; use 'expert' (the "
+                         "games' walkthroughs) or 'search' (ALFWorld's hand-coded expert, which "
+                         "searches receptacles), e.g. sft.data=expert+search:800")
+    return cached_alfworld_episodes(split, n, env_cfg.data_dir, progress=progress, kind=kind)
 
 
 def _env_specs() -> dict:

@@ -13,7 +13,8 @@ covers the response tokens only.
 
 Sources: expert episodes (ALFWorld: each game's walkthrough played through the real engine, so
 every step has its real observation and admissible actions; toy env: its scripted solution),
-"random" episodes (a uniformly random admissible action at every step: the reply format without
+ALFWorld "search" episodes (ALFWorld's hand-coded expert, which looks for the objects instead of
+going straight to them), "random" episodes (a uniformly random admissible action at every step: the reply format without
 the skill), and any JSONL file of {"prompt": ..., "response": ...} chat turns.
 """
 
@@ -103,30 +104,61 @@ def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, m
     return out
 
 
-def alfworld_episodes(games: Sequence[str], *, max_steps: int = 50, progress: bool = False) -> list[Episode]:
-    """Each game's expert walkthrough played through the real ALFWorld engine (every step gets
-    its real observation and admissible actions). Games whose walkthrough does not win are
-    dropped with a warning."""
+ALFWORLD_KINDS = ("expert", "search")
+
+
+def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int = 0, max_steps: int = 50,
+                      progress: bool = False) -> list[Episode]:
+    """Winning episodes of `games` played through the real ALFWorld engine (every step gets its
+    real observation and admissible actions): kind "expert" replays each game's stored
+    walkthrough (straight to the hidden objects), kind "search" plays ALFWorld's hand-coded
+    expert (`envs.alfworld.SearchExpert`: it looks for the objects receptacle by receptacle;
+    its random choices seeded by `seed` and the game's index). Games not won within
+    `max_steps` are dropped (with a warning for walkthroughs, which should always win)."""
     import warnings
 
     from tqdm.auto import tqdm
 
-    from hgpo_jax.envs.alfworld import AlfworldEnv, walkthrough
+    from hgpo_jax.envs.alfworld import AlfworldEnv, SearchExpert, walkthrough
 
-    env = AlfworldEnv(max_steps=max_steps)
+    if kind not in ALFWORLD_KINDS:
+        raise ValueError(f"unknown ALFWorld episode kind {kind!r}; use one of {ALFWORLD_KINDS}")
+    env = AlfworldEnv(max_steps=max_steps, facts=kind == "search")
     out = []
     try:
-        for game in tqdm(games, desc="expert episodes", unit="game", disable=not progress):
-            plan = walkthrough(game)
-            ep = play_episode(env, game, lambda obs, info, t, plan=plan: plan[t],
-                              min(max_steps, len(plan)), source=f"alfworld:{game}")
-            if ep.won:
-                out.append(ep)
+        for i, game in enumerate(tqdm(games, desc=f"{kind} episodes", unit="game", disable=not progress)):
+            if kind == "expert":
+                plan = walkthrough(game)
+                ep = play_episode(env, game, lambda obs, info, t, plan=plan: plan[t],
+                                  min(max_steps, len(plan)), source=f"alfworld:{game}")
+                if not ep.won:
+                    warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
             else:
-                warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
+                ep = _search_episode(env, game, seed * 1_000_003 + i, max_steps, SearchExpert)
+            if ep is not None and ep.won:
+                out.append(ep)
     finally:
         env.close()
     return out
+
+
+def _search_episode(env, game: str, seed: int, max_steps: int, expert_cls) -> Episode | None:
+    """One episode of the hand-coded expert on `game`; None when the expert gives up."""
+    from alfworld.agents.expert import HandCodedAgentFailed, HandCodedAgentTimeout
+
+    expert, last = None, [""]
+
+    def choose(obs, info, t):
+        nonlocal expert
+        if t == 0:
+            expert = expert_cls(game, obs, seed=seed)
+        last[0] = expert.act(env.state, info["admissible_actions"], last[0])
+        return last[0]
+
+    try:
+        return play_episode(env, game, choose, max_steps, source=f"alfworld-search:{game}")
+    except (HandCodedAgentFailed, HandCodedAgentTimeout):
+        return None
 
 
 def spread(items: Sequence, n: int) -> list:
@@ -137,18 +169,27 @@ def spread(items: Sequence, n: int) -> list:
 
 
 def cached_alfworld_episodes(split: str, num_games: int, data_dir: str | None = None,
-                             progress: bool = False) -> list[Episode]:
-    """Expert episodes of `num_games` games spread over a split (sorted paths, so every task
-    type is covered), played once and cached as JSON lines under $HGPO_JAX_CACHE/expert/."""
+                             progress: bool = False, kind: str = "expert") -> list[Episode]:
+    """Winning episodes (see alfworld_episodes) of `num_games` games spread over a split (sorted
+    paths, so every task type is covered), played once and cached as JSON lines under
+    $HGPO_JAX_CACHE/expert/ (alfworld-SPLIT-N.jsonl; alfworld-SPLIT-search-N.jsonl for "search")."""
     from hgpo_jax.envs.alfworld import list_games
-    from hgpo_jax.envs.data import cache_root
 
-    path = os.path.join(cache_root(), "expert", f"alfworld-{split}-{num_games}.jsonl")
+    path = alfworld_episodes_path(split, num_games, kind)
     if os.path.isfile(path):
         return load_episodes(path)
-    episodes = alfworld_episodes(spread(list_games(split, data_dir), num_games), progress=progress)
+    episodes = alfworld_episodes(spread(list_games(split, data_dir), num_games), kind=kind,
+                                 progress=progress)
     save_episodes(episodes, path)
     return episodes
+
+
+def alfworld_episodes_path(split: str, num_games: int, kind: str = "expert") -> str:
+    """Where cached_alfworld_episodes keeps (or finds) its episodes."""
+    from hgpo_jax.envs.data import cache_root
+
+    name = f"alfworld-{split}-{num_games}" if kind == "expert" else f"alfworld-{split}-{kind}-{num_games}"
+    return os.path.join(cache_root(), "expert", f"{name}.jsonl")
 
 
 def save_episodes(episodes: Sequence[Episode], path: str) -> str:

@@ -56,12 +56,14 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
     s, e = cfg.sft, cfg.env
     spec = get_env(e.name)
     rng = np.random.default_rng(cfg.train.seed)
-    if s.data in ("expert", "random"):
+    sources = s.sources()
+    if sources:
         if spec.record_episodes is None:
             raise ValueError(f"env {e.name!r} records no episodes; give sft.data a JSONL file of "
                              "prompt/response turns")
-        episodes = spec.record_episodes(e, e.split, s.episodes, s.data, seed=cfg.train.seed,
-                                        progress=progress)
+        by_kind = {kind: spec.record_episodes(e, e.split, n, kind, seed=cfg.train.seed,
+                                              progress=progress) for kind, n in sources}
+        episodes = [ep for part in by_kind.values() for ep in part]
         order = rng.permutation(len(episodes))
         n_held = int(round(s.heldout * len(episodes)))
         held = [episodes[i] for i in order[:n_held]]
@@ -69,11 +71,13 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
         texts = [sft_data.samples_from_episodes(part, e.memory_len, spec.build_prompt)
                  for part in (train, held)]
         info = {"episodes": len(train), "heldout_episodes": len(held),
-                "won": float(np.mean([ep.won for ep in episodes])) if episodes else 0.0}
+                "won": float(np.mean([ep.won for ep in episodes])) if episodes else 0.0,
+                **({f"{kind}_episodes": len(part) for kind, part in by_kind.items()}
+                   if len(by_kind) > 1 else {})}
     else:
         if not os.path.isfile(s.data):
-            raise FileNotFoundError(f"sft.data={s.data!r} is neither 'expert', 'random' nor an "
-                                    "existing JSONL file of {\"prompt\", \"response\"} lines")
+            raise FileNotFoundError(f"sft.data={s.data!r} is no existing JSONL file of "
+                                    "{\"prompt\", \"response\"} lines")
         turns = sft_data.read_jsonl_turns(s.data)
         order = rng.permutation(len(turns))
         n_held = int(round(s.heldout * len(turns)))
