@@ -243,6 +243,9 @@ def _cell(values: list[float]) -> str:
 
 def stage_report(args, state: dict) -> dict:
     rows = {"warm start (SFT)": [last_eval(os.path.join(args.runs, "sft", "eval"))]}
+    probe = os.path.join(args.runs, "sft_walkthroughs_only", "eval")
+    if os.path.isdir(probe):  # the ablation: SFT on the walkthroughs alone (docs/results.md)
+        rows = {"SFT, walkthroughs only": [last_eval(probe)], **rows}
     runs = {name: os.path.join(args.runs, f"rl_{name}") for name in rl_runs(args)}
     for est in args.estimators:
         rows[est] = [last_eval(runs[f"{est}_s{seed}"]) for seed in args.seeds
