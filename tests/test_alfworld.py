@@ -86,6 +86,39 @@ def test_reset_reusing_the_loaded_state_changes_nothing(monkeypatch):
     assert fast == play()
 
 
+def test_memoized_textworld_parsers_change_nothing(monkeypatch):
+    """TextWorld parses each grammar/logic string once per process (memoize_textworld_parsers):
+    every observation, reward, done flag and admissible list of random play and a walkthrough on
+    three games equals the play with TextWorld's own parsers."""
+    import random
+
+    import textworld.logic as logic
+    from textworld.envs.pddl import textgen
+
+    games = [list_games("valid_seen")[0], list_games("valid_unseen")[7], list_games("train")[100]]
+
+    def play():
+        env, out, rng = AlfworldEnv(max_steps=100), [], random.Random(0)
+        for g in games:
+            obs, info = env.reset(g)
+            out.append((obs, info["admissible_actions"]))
+            for _ in range(15):
+                obs, r, done, info = env.step(rng.choice(info["admissible_actions"]))
+                out.append((obs, r, done, info["admissible_actions"]))
+        env.reset(games[0])
+        for a in walkthrough(games[0]):
+            out.append(env.step(a))
+        env.close()
+        return out
+
+    fast = play()
+    assert textgen._parse_and_convert.memoized and logic._parse_and_convert.memoized
+    monkeypatch.setattr(alfworld, "memoize_textworld_parsers", lambda: None)
+    monkeypatch.setattr(textgen, "_parse_and_convert", textgen._parse_and_convert.original)
+    monkeypatch.setattr(logic, "_parse_and_convert", logic._parse_and_convert.original)
+    assert play() == fast
+
+
 def test_garbage_actions_answer_nothing_happens():
     env = AlfworldEnv(max_steps=100)
     game = list_games("valid_unseen")[0]
