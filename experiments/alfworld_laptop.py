@@ -67,8 +67,8 @@ def _record_shard(args: tuple) -> tuple[str, int, int, float]:
     from hgpo_jax.sft.data import alfworld_episodes, save_episodes
 
     t0 = time.perf_counter()
-    # search episodes: the seed is the shard's, so a shard's episodes do not depend on the others
-    episodes = alfworld_episodes(games, kind=kind, seed=index)
+    # the same episodes as one alfworld_episodes call on all the games (sft.data without the experiment)
+    episodes = alfworld_episodes(games, kind=kind, first_index=index * SHARD)
     save_episodes(episodes, path)
     return kind, index, len(episodes), time.perf_counter() - t0
 

@@ -108,12 +108,13 @@ ALFWORLD_KINDS = ("expert", "search")
 
 
 def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int = 0, max_steps: int = 50,
-                      progress: bool = False) -> list[Episode]:
+                      first_index: int = 0, progress: bool = False) -> list[Episode]:
     """Winning episodes of `games` played through the real ALFWorld engine (every step gets its
     real observation and admissible actions): kind "expert" replays each game's stored
     walkthrough (straight to the hidden objects), kind "search" plays ALFWorld's hand-coded
     expert (`envs.alfworld.SearchExpert`: it looks for the objects receptacle by receptacle;
-    its random choices seeded by `seed` and the game's index). Games not won within
+    its random choices seeded by `seed` and the game's index, counted from `first_index`, so a
+    list recorded in slices equals the list recorded at once). Games not won within
     `max_steps` are dropped (with a warning for walkthroughs, which should always win)."""
     import warnings
 
@@ -134,7 +135,8 @@ def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int =
                 if not ep.won:
                     warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
             else:
-                ep = _search_episode(env, game, seed * 1_000_003 + i, max_steps, SearchExpert)
+                ep = _search_episode(env, game, seed * 1_000_003 + first_index + i, max_steps,
+                                     SearchExpert)
             if ep is not None and ep.won:
                 out.append(ep)
     finally:
