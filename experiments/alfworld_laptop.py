@@ -53,10 +53,23 @@ def load_state(out: str) -> dict:
 
 
 def save_state(out: str, state: dict) -> None:
+    """Write `state` merged into what is on disk (atomically): two stages run at once in separate
+    processes (say, recording beside an SFT) each keep what the other recorded. Dict entries
+    are merged key by key (this process's win), commands appended once."""
+    disk = load_state(out)
+    merged = dict(disk)
+    for key, value in state.items():
+        if isinstance(value, dict) and isinstance(disk.get(key), dict):
+            merged[key] = {**disk[key], **value}
+        elif key == "commands":
+            merged[key] = disk.get(key, []) + [c for c in value if c not in disk.get(key, [])]
+        else:
+            merged[key] = value
+    state.update(merged)
     os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, "state.json.tmp")
+    tmp = os.path.join(out, f"state.json.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=1)
+        json.dump(merged, f, indent=1)
     os.replace(tmp, os.path.join(out, "state.json"))
 
 

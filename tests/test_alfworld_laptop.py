@@ -50,3 +50,18 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert alfworld_laptop.main(["--out", str(out), "--status"]) == 0
     status = capsys.readouterr().out
     assert all(f"{stage:>10}: done in" in status for stage in alfworld_laptop.STAGES)
+
+
+def test_two_processes_saving_state_keep_each_others_records(tmp_path):
+    """Stages may run at once in two processes (a recording beside an SFT): each save merges
+    into what is on disk instead of overwriting it."""
+    first, second = alfworld_laptop.load_state(str(tmp_path)), alfworld_laptop.load_state(str(tmp_path))
+    first["done"]["experts"] = {"seconds": 1.0}
+    first["commands"].append("hgpo-jax sft x")
+    alfworld_laptop.save_state(str(tmp_path), first)
+    second["done"]["sft"] = {"seconds": 2.0}
+    second["commands"].append("hgpo-jax eval y")
+    alfworld_laptop.save_state(str(tmp_path), second)
+    state = alfworld_laptop.load_state(str(tmp_path))
+    assert state["done"] == {"experts": {"seconds": 1.0}, "sft": {"seconds": 2.0}}
+    assert state["commands"] == ["hgpo-jax sft x", "hgpo-jax eval y"]
