@@ -14,8 +14,9 @@ covers the response tokens only.
 Sources: expert episodes (ALFWorld: each game's walkthrough played through the real engine, so
 every step has its real observation and admissible actions; toy env: its scripted solution),
 ALFWorld "search" episodes (ALFWorld's hand-coded expert, which looks for the objects instead of
-going straight to them), "random" episodes (a uniformly random admissible action at every step: the reply format without
-the skill), and any JSONL file of {"prompt": ..., "response": ...} chat turns.
+going straight to them), "random" episodes (a uniformly random admissible action at every step:
+the reply format without the skill), and any JSONL file of {"prompt": ..., "response": ...} chat
+turns.
 """
 
 from __future__ import annotations
