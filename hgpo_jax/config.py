@@ -189,6 +189,9 @@ class SftConfig:
             if not kind.isidentifier() or (count and not count.strip().isdigit()):
                 raise ConfigError(f"sft.data={self.data!r}: {part!r} is not KIND or KIND:N (e.g. "
                                   "expert, random, expert+search:800) and no such file exists")
+            if kind in dict(out):
+                raise ConfigError(f"sft.data={self.data!r} names {kind!r} twice; give each kind "
+                                  "once, with its count as KIND:N")
             out.append((kind, int(count) if count else self.episodes))
         return out
 
@@ -806,7 +809,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     f = cfg.sft
     check(bool(f.data.strip()), "sft.data", f.data, "expert, random, search, KIND+KIND:N or a JSONL path")
     try:
-        for kind, n in f.sources():
+        for kind, n in f.sources() if f.data.strip() else ():
             at_least(f"the count of {kind} in sft.data", n, 1)
     except ConfigError as e:
         p.append(str(e))

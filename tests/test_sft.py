@@ -151,6 +151,8 @@ def test_sft_data_sources_mix_kinds(monkeypatch, tmp_path, tok):
     assert load_config("toy_format", [f"sft.data={turns}"]).sft.sources() == []
     with pytest.raises(ConfigError, match="count of search in sft.data"):
         load_config("toy_format", ["sft.data=expert+search:0"])
+    with pytest.raises(ConfigError, match="names 'expert' twice"):
+        load_config("toy_format", ["sft.data=expert+expert:5"])
     calls = []
     spec = registry.get_env("toy")
     record = spec.record_episodes

@@ -121,7 +121,7 @@ def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int =
 
     from tqdm.auto import tqdm
 
-    from hgpo_jax.envs.alfworld import AlfworldEnv, SearchExpert, walkthrough
+    from hgpo_jax.envs.alfworld import AlfworldEnv, walkthrough
 
     if kind not in ALFWORLD_KINDS:
         raise ValueError(f"unknown ALFWorld episode kind {kind!r}; use one of {ALFWORLD_KINDS}")
@@ -136,8 +136,7 @@ def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int =
                 if not ep.won:
                     warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
             else:
-                ep = _search_episode(env, game, seed * 1_000_003 + first_index + i, max_steps,
-                                     SearchExpert)
+                ep = _search_episode(env, game, seed * 1_000_003 + first_index + i, max_steps)
             if ep is not None and ep.won:
                 out.append(ep)
     finally:
@@ -145,18 +144,20 @@ def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int =
     return out
 
 
-def _search_episode(env, game: str, seed: int, max_steps: int, expert_cls) -> Episode | None:
+def _search_episode(env, game: str, seed: int, max_steps: int) -> Episode | None:
     """One episode of the hand-coded expert on `game`; None when the expert gives up."""
     from alfworld.agents.expert import HandCodedAgentFailed, HandCodedAgentTimeout
 
-    expert, last = None, [""]
+    from hgpo_jax.envs.alfworld import SearchExpert
+
+    expert, last = None, ""
 
     def choose(obs, info, t):
-        nonlocal expert
+        nonlocal expert, last
         if t == 0:
-            expert = expert_cls(game, obs, seed=seed)
-        last[0] = expert.act(env.state, info["admissible_actions"], last[0])
-        return last[0]
+            expert = SearchExpert(game, obs, seed=seed)
+        last = expert.act(env.state, info["admissible_actions"], last)
+        return last
 
     try:
         return play_episode(env, game, choose, max_steps, source=f"alfworld-search:{game}")
