@@ -289,6 +289,16 @@ def stage_report(args, state: dict) -> dict:
     return {"rows": list(rows)}
 
 
+def finished(stage: str, args, state: dict) -> bool:
+    """Whether `stage` needs no more work: recorded done and, for the RL stages, every run of
+    this invocation's estimators x seeds recorded (a sitting with `--estimators hgpo_k2 --seeds 0`
+    leaves the others to do). The report is cheap and always made again."""
+    if stage == "report" or stage not in state["done"]:
+        return False
+    records = {"rl": "rl_runs", "eval_rl": "rl_evals"}.get(stage)
+    return records is None or set(rl_runs(args)) <= set(state.get(records, {}))
+
+
 STAGE_FUNCS = {"experts": stage_experts, "sft": stage_sft, "eval_warm": stage_eval_warm,
                "rl": stage_rl, "eval_rl": stage_eval_rl, "report": stage_report}
 
@@ -315,10 +325,11 @@ def main(argv=None) -> int:
     if args.status:
         for stage in STAGES:
             d = state["done"].get(stage)
-            print(f"{stage:>10}: " + (f"done in {d['seconds']:.0f} s  {d.get('result', '')}" if d
+            mark = "done" if finished(stage, args, state) or stage == "report" else "partly done"
+            print(f"{stage:>10}: " + (f"{mark} in {d['seconds']:.0f} s  {d.get('result', '')}" if d
                                       else "not done"))
         return 0
-    todo = [args.stage] if args.stage else [s for s in STAGES if s not in state["done"]]
+    todo = [args.stage] if args.stage else [s for s in STAGES if not finished(s, args, state)]
     for stage in todo:
         if stage not in STAGE_FUNCS:
             print(f"{stage}: not implemented yet", flush=True)

@@ -65,3 +65,21 @@ def test_two_processes_saving_state_keep_each_others_records(tmp_path):
     state = alfworld_laptop.load_state(str(tmp_path))
     assert state["done"] == {"experts": {"seconds": 1.0}, "sft": {"seconds": 2.0}}
     assert state["commands"] == ["hgpo-jax sft x", "hgpo-jax eval y"]
+
+
+def test_a_sitting_on_some_rl_runs_leaves_the_others_to_do():
+    """`--stage rl --estimators hgpo_k2 --seeds 0` records the stage done; a later plain call
+    still runs the RL runs it did not do, then their evaluation; the report is always made."""
+    from argparse import Namespace
+
+    state = {"done": {"rl": {"seconds": 1.0}, "eval_rl": {"seconds": 1.0}, "report": {"seconds": 1.0}},
+             "rl_runs": {"hgpo_k2_s0": {}}, "rl_evals": {"hgpo_k2_s0": {}}}
+    one = Namespace(estimators=["hgpo_k2"], seeds=[0])
+    every = Namespace(estimators=list(alfworld_laptop.ESTIMATORS), seeds=[0, 1])
+    assert alfworld_laptop.finished("rl", one, state) and alfworld_laptop.finished("eval_rl", one, state)
+    assert not alfworld_laptop.finished("rl", every, state)
+    assert not alfworld_laptop.finished("eval_rl", every, state)
+    assert not alfworld_laptop.finished("report", one, state)
+    assert not alfworld_laptop.finished("sft", one, state)  # never recorded done
+    state["done"]["sft"] = {"seconds": 1.0}
+    assert alfworld_laptop.finished("sft", every, state)
