@@ -47,7 +47,7 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     capsys.readouterr()
     assert alfworld_laptop.main(args) == 0
     assert "hgpo-jax" not in capsys.readouterr().out
-    assert alfworld_laptop.main(["--out", str(out), "--status"]) == 0
+    assert alfworld_laptop.main([*args, "--status"]) == 0  # the same estimators x seeds
     status = capsys.readouterr().out
     assert all(f"{stage:>10}: done in" in status for stage in alfworld_laptop.STAGES)
 
