@@ -137,6 +137,7 @@ def stage_experts(args, state: dict) -> dict:
 ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.estimator=gigpo"],
               "grpo": ["algo.estimator=grpo"]}
 SPLITS = ("valid_seen", "valid_unseen")  # In-distribution, Out-of-distribution
+RUN_RECORDS = {"rl": "rl_runs", "eval_rl": "rl_evals"}  # state key of each RL stage's finished runs
 
 
 def cli_env(devices: int) -> dict:
@@ -186,7 +187,7 @@ def stage_eval_warm(args, state: dict) -> dict:
 
 
 def stage_rl(args, state: dict) -> dict:
-    done = state.setdefault("rl_runs", {})
+    done = state.setdefault(RUN_RECORDS["rl"], {})
     for name, overrides in rl_runs(args).items():
         if name in done:
             continue
@@ -200,7 +201,7 @@ def stage_rl(args, state: dict) -> dict:
 
 
 def stage_eval_rl(args, state: dict) -> dict:
-    done = state.setdefault("rl_evals", {})
+    done = state.setdefault(RUN_RECORDS["eval_rl"], {})
     for name in rl_runs(args):
         if name not in done:
             run = os.path.join(args.runs, f"rl_{name}")
@@ -290,13 +291,21 @@ def stage_report(args, state: dict) -> dict:
 
 
 def finished(stage: str, args, state: dict) -> bool:
-    """Whether `stage` needs no more work: recorded done and, for the RL stages, every run of
-    this invocation's estimators x seeds recorded (a sitting with `--estimators hgpo_k2 --seeds 0`
-    leaves the others to do). The report is cheap and always made again."""
-    if stage == "report" or stage not in state["done"]:
+    """Whether `stage` is complete: recorded done and, for the RL stages, every run of this
+    invocation's estimators x seeds recorded (a sitting with `--estimators hgpo_k2 --seeds 0`
+    leaves the others to do)."""
+    if stage not in state["done"]:
         return False
-    records = {"rl": "rl_runs", "eval_rl": "rl_evals"}.get(stage)
+    records = RUN_RECORDS.get(stage)
     return records is None or set(rl_runs(args)) <= set(state.get(records, {}))
+
+
+def stages_to_run(args, state: dict) -> list[str]:
+    """`--stage` alone, or every stage not complete yet, in order; the report is cheap and is
+    always made again (it reads whatever runs exist)."""
+    if args.stage:
+        return [args.stage]
+    return [s for s in STAGES if s == "report" or not finished(s, args, state)]
 
 
 STAGE_FUNCS = {"experts": stage_experts, "sft": stage_sft, "eval_warm": stage_eval_warm,
@@ -325,11 +334,11 @@ def main(argv=None) -> int:
     if args.status:
         for stage in STAGES:
             d = state["done"].get(stage)
-            mark = "done" if finished(stage, args, state) or stage == "report" else "partly done"
+            mark = "done" if finished(stage, args, state) else "partly done"
             print(f"{stage:>10}: " + (f"{mark} in {d['seconds']:.0f} s  {d.get('result', '')}" if d
                                       else "not done"))
         return 0
-    todo = [args.stage] if args.stage else [s for s in STAGES if not finished(s, args, state)]
+    todo = stages_to_run(args, state)
     for stage in todo:
         if stage not in STAGE_FUNCS:
             print(f"{stage}: not implemented yet", flush=True)

@@ -72,14 +72,17 @@ def test_a_sitting_on_some_rl_runs_leaves_the_others_to_do():
     still runs the RL runs it did not do, then their evaluation; the report is always made."""
     from argparse import Namespace
 
-    state = {"done": {"rl": {"seconds": 1.0}, "eval_rl": {"seconds": 1.0}, "report": {"seconds": 1.0}},
-             "rl_runs": {"hgpo_k2_s0": {}}, "rl_evals": {"hgpo_k2_s0": {}}}
-    one = Namespace(estimators=["hgpo_k2"], seeds=[0])
-    every = Namespace(estimators=list(alfworld_laptop.ESTIMATORS), seeds=[0, 1])
+    done = {s: {"seconds": 1.0} for s in alfworld_laptop.STAGES if s != "sft"}
+    state = {"done": done, "rl_runs": {"hgpo_k2_s0": {}}, "rl_evals": {"hgpo_k2_s0": {}}}
+    one = Namespace(stage=None, estimators=["hgpo_k2"], seeds=[0])
+    every = Namespace(stage=None, estimators=list(alfworld_laptop.ESTIMATORS), seeds=[0, 1])
     assert alfworld_laptop.finished("rl", one, state) and alfworld_laptop.finished("eval_rl", one, state)
     assert not alfworld_laptop.finished("rl", every, state)
     assert not alfworld_laptop.finished("eval_rl", every, state)
-    assert not alfworld_laptop.finished("report", one, state)
     assert not alfworld_laptop.finished("sft", one, state)  # never recorded done
+    assert alfworld_laptop.stages_to_run(one, state) == ["sft", "report"]
+    assert alfworld_laptop.stages_to_run(every, state) == ["sft", "rl", "eval_rl", "report"]
     state["done"]["sft"] = {"seconds": 1.0}
     assert alfworld_laptop.finished("sft", every, state)
+    assert alfworld_laptop.stages_to_run(one, state) == ["report"]  # the report is always made
+    assert alfworld_laptop.stages_to_run(Namespace(stage="sft"), state) == ["sft"]
