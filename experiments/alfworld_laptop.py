@@ -4,7 +4,7 @@
   python experiments/alfworld_laptop.py --stage experts # one stage (resumes where it stopped)
   python experiments/alfworld_laptop.py --status        # what is done, with wall times
 
-Stages (each resumable; a finished stage is recorded in OUT/state.json and skipped):
+Stages (each resumable):
 1. experts: the walkthrough of every one of the 3,553 train games played through the real engine
    (so each turn is exactly what a rollout shows), and ALFWorld's hand-coded expert on
    --search-games of them (it searches receptacle by receptacle, where the walkthrough goes
@@ -12,17 +12,24 @@ Stages (each resumable; a finished stage is recorded in OUT/state.json and skipp
    in shards of 100 games over --workers processes, cached under $HGPO_JAX_CACHE/expert/
    (`sft.data=expert+search:800 sft.episodes=3553` then reuses them).
 2. sft: a small Qwen2 built here (`build:alfworld-<size>`, tokenizer trained on ALFWorld text),
-   warm-started by `hgpo-jax sft alfworld_laptop_sft` on both kinds of episodes.
+   warm-started by `hgpo-jax sft alfworld_laptop_sft` on both kinds of episodes, then exported
+   (float32, the exact weights) to OUT/warm_start, a transformers folder of a few MB that is
+   committed: every later stage starts from it, on this machine or a fresh one.
 3. eval_warm: the warm start on every valid_seen (In) and valid_unseen (Out) game, once each,
    at the eval temperature 0.4: success overall and per task type.
 4. rl: HGPO (K=2), GiGPO and GRPO from the warm start under equal compute
-   (`hgpo-jax train alfworld_laptop_rl`, same iterations, groups, group size, steps), per seed.
-5. eval_rl: each RL run evaluated as in 3.
-6. report: OUT/results.json and OUT/results.md (the paper's Table 1 layout, the Table 5 analogue
+   (`hgpo-jax train alfworld_laptop_rl`, same iterations, groups, group size, steps), per seed;
+   each run is evaluated as in 3 right after its training, in the same sitting (so its model
+   is never needed again).
+5. report: OUT/results.json and OUT/results.md (the paper's Table 1 layout, the Table 5 analogue
    from the RL rollouts, the bias-vs-oracle diagnostic, wall times, commands) and the training
    dynamics plot (experiments/plot.py).
 
-Runs live in --runs (default runs/alfworld_laptop, not committed); results in --out.
+Runs live in --runs (default runs/alfworld_laptop, not committed). What the later stages and the
+report need is kept in --out (committed): the warm start, and each run's metrics.jsonl under
+OUT/logs/<name>/. A stage is finished when what it keeps is there, not when a record says so:
+the runs folder and the episode cache live on one machine, and a session may get a fresh one.
+OUT/state.json records every command and wall time.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-STAGES = ("experts", "sft", "eval_warm", "rl", "eval_rl", "report")
+STAGES = ("experts", "sft", "eval_warm", "rl", "report")
 SHARD = 100  # games per recording shard
 SEARCH_GAMES = 800  # train games with searching episodes (sft.data=expert+search:800)
 
@@ -133,11 +140,49 @@ def stage_experts(args, state: dict) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------------- kept
+WARM_START = "warm_start"  # OUT/warm_start: the exported warm start (transformers folder)
+LOGS = "logs"  # OUT/logs/<name>/metrics.jsonl: what the report reads of each run
+
+
+def warm_start_dir(out: str) -> str:
+    return os.path.join(out, WARM_START)
+
+
+def has_warm_start(out: str) -> bool:
+    return all(os.path.isfile(os.path.join(warm_start_dir(out), f))
+               for f in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def kept_log(out: str, name: str) -> str:
+    """The folder under OUT that keeps run `name`'s metrics.jsonl (experiments/plot.py reads it)."""
+    return os.path.join(out, LOGS, name)
+
+
+def has_log(out: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(kept_log(out, name), "metrics.jsonl"))
+
+
+def keep_log(run_dir: str, out: str, name: str) -> str:
+    """Copy `run_dir`'s metrics.jsonl (and config.yaml) into OUT/logs/<name>/, atomically."""
+    import shutil
+
+    dest = kept_log(out, name)
+    os.makedirs(dest, exist_ok=True)
+    for f in ("config.yaml", "metrics.jsonl"):  # metrics last: its presence marks the log kept
+        if os.path.isfile(os.path.join(run_dir, f)):
+            tmp = os.path.join(dest, f"{f}.tmp{os.getpid()}")
+            shutil.copyfile(os.path.join(run_dir, f), tmp)
+            os.replace(tmp, os.path.join(dest, f))
+    if not has_log(out, name):
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl to keep: did its command finish?")
+    return dest
+
+
 # ----------------------------------------------------------------------------------- CLI stages
 ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.estimator=gigpo"],
               "grpo": ["algo.estimator=grpo"]}
 SPLITS = ("valid_seen", "valid_unseen")  # In-distribution, Out-of-distribution
-RUN_RECORDS = {"rl": "rl_runs", "eval_rl": "rl_evals"}  # state key of each RL stage's finished runs
 
 
 def cli_env(devices: int) -> dict:
@@ -166,13 +211,16 @@ def has_checkpoint(run_dir: str) -> bool:
 
 
 def stage_sft(args, state: dict) -> dict:
+    """Train the warm start (resuming from its last checkpoint), then export it to OUT/warm_start."""
     run = os.path.join(args.runs, "sft")
     argv = ["sft", "alfworld_laptop_sft", f"train.run_dir={run}", f"mesh.data={args.devices}",
             *([f"sft.episodes={args.games}"] if args.games else []),
             "sft.data=expert" + (f"+search:{args.search_games}" if args.search_games else ""),
             *args.set_sft]
     seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
-    return {"run": run, "seconds_this_sitting": seconds}
+    seconds += run_cli(args, ["export", run, warm_start_dir(args.out), "--overwrite"], state)
+    keep_log(run, args.out, "sft")
+    return {"run": run, "warm_start": warm_start_dir(args.out), "seconds_this_sitting": seconds}
 
 
 def rl_runs(args) -> dict[str, list[str]]:
@@ -182,33 +230,31 @@ def rl_runs(args) -> dict[str, list[str]]:
 
 
 def stage_eval_warm(args, state: dict) -> dict:
-    run = os.path.join(args.runs, "sft")
-    return {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)}
+    """The kept warm start evaluated (the SFT config's eval section; its run folder only logs)."""
+    run = os.path.join(args.runs, "eval_warm")
+    argv = ["eval", "alfworld_laptop_sft", *args.set_sft, f"model.path={warm_start_dir(args.out)}",
+            f"train.run_dir={run}", f"mesh.data={args.devices}", *args.set_eval]
+    seconds = run_cli(args, argv, state)
+    keep_log(run, args.out, "eval_warm")
+    return {"seconds": seconds}
 
 
 def stage_rl(args, state: dict) -> dict:
-    done = state.setdefault(RUN_RECORDS["rl"], {})
+    """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint),
+    evaluated, and its metrics kept as OUT/logs/rl_<name>."""
+    done = state.setdefault("rl_runs", {})
     for name, overrides in rl_runs(args).items():
-        if name in done:
+        if has_log(args.out, f"rl_{name}"):
             continue
         run = os.path.join(args.runs, f"rl_{name}")
-        argv = ["train", "alfworld_laptop_rl", f"model.path={os.path.join(args.runs, 'sft')}",
+        argv = ["train", "alfworld_laptop_rl", f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
-        seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
-        done[name] = {"run": run, "seconds": seconds}
+        train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+        eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)
+        keep_log(run, args.out, f"rl_{name}")
+        done[name] = {"run": run, "seconds": train_s, "eval_seconds": eval_s}
         save_state(args.out, state)
-    return {"runs": sorted(done)}
-
-
-def stage_eval_rl(args, state: dict) -> dict:
-    done = state.setdefault(RUN_RECORDS["eval_rl"], {})
-    for name in rl_runs(args):
-        if name not in done:
-            run = os.path.join(args.runs, f"rl_{name}")
-            done[name] = {"seconds": run_cli(args, ["eval", run, f"mesh.data={args.devices}",
-                                                    *args.set_eval], state)}
-            save_state(args.out, state)
-    return {"runs": sorted(done)}
+    return {"runs": sorted(n for n in rl_runs(args) if has_log(args.out, f"rl_{n}"))}
 
 
 # ----------------------------------------------------------------------------------- report
@@ -256,17 +302,16 @@ def _cell(values: list[float]) -> str:
 
 
 def stage_report(args, state: dict) -> dict:
-    rows = {"warm start (SFT)": [last_eval(os.path.join(args.runs, "sft", "eval"))]}
-    probe = os.path.join(args.runs, "sft_walkthroughs_only", "eval")
-    if os.path.isdir(probe):  # the ablation: SFT on the walkthroughs alone (docs/results.md)
-        rows = {"SFT, walkthroughs only": [last_eval(probe)], **rows}
-    runs = {name: os.path.join(args.runs, f"rl_{name}") for name in rl_runs(args)}
+    """The tables and the plot, from what OUT keeps (no run folder needed)."""
+    rows = {}
+    if has_log(args.out, "eval_warm"):
+        rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
+    logs = {name: kept_log(args.out, f"rl_{name}") for name in rl_runs(args)
+            if has_log(args.out, f"rl_{name}")}
     for est in args.estimators:
-        rows[est] = [last_eval(runs[f"{est}_s{seed}"]) for seed in args.seeds
-                     if os.path.isdir(runs[f"{est}_s{seed}"])]
-    levels = {name: mean_over_iterations(run, "hierarchy/") for name, run in runs.items()
-              if os.path.isdir(run)}
-    diag = {name: mean_over_iterations(run, "diag/") for name, run in runs.items() if os.path.isdir(run)}
+        rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
+    levels = {name: mean_over_iterations(log, "hierarchy/") for name, log in logs.items()}
+    diag = {name: mean_over_iterations(log, "diag/") for name, log in logs.items()}
     results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state,
                "seeds": args.seeds}
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
@@ -281,43 +326,60 @@ def stage_report(args, state: dict) -> dict:
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write("Success (%) on every valid_seen (In) and valid_unseen (Out) game, temperature 0.4;"
                 f" RL rows: mean ± std over seeds {args.seeds}.\n\n" + "\n".join(lines) + "\n")
-    from experiments import plot
-
-    seed0 = [runs[f"{est}_s{args.seeds[0]}"] for est in args.estimators
-             if os.path.isdir(runs[f"{est}_s{args.seeds[0]}"])]
+    seed0 = [logs[f"{est}_s{args.seeds[0]}"] for est in args.estimators if f"{est}_s{args.seeds[0]}" in logs]
     if seed0:
+        from experiments import plot
+
         plot.main([*seed0, "--out", os.path.join(args.out, "dynamics.png")])
     return {"rows": list(rows)}
 
 
+# ----------------------------------------------------------------------------------- stages
+def expert_caches(args) -> list[str]:
+    """The episode files stage experts leaves in the cache."""
+    from hgpo_jax.envs.alfworld import list_games
+    from hgpo_jax.sft.data import alfworld_episodes_path, spread
+
+    train = list_games("train")
+    wanted = {"expert": args.games, **({"search": args.search_games} if args.search_games else {})}
+    return [alfworld_episodes_path("train", len(spread(train, n)), kind) for kind, n in wanted.items()]
+
+
 def finished(stage: str, args, state: dict) -> bool:
-    """Whether `stage` is complete: recorded done and, for the RL stages, every run of this
-    invocation's estimators x seeds recorded (a sitting with `--estimators hgpo_k2 --seeds 0`
-    leaves the others to do)."""
-    if stage not in state["done"]:
-        return False
-    records = RUN_RECORDS.get(stage)
-    return records is None or set(rl_runs(args)) <= set(state.get(records, {}))
+    """Whether `stage`'s outputs are there: the episode caches (not needed once the warm start is
+    kept), the kept warm start, the kept logs of the warm start's evaluation and of every RL run
+    of this invocation's estimators x seeds. The report is never finished (it is cheap and is
+    made again from whatever is kept)."""
+    if stage == "experts":
+        return has_warm_start(args.out) or all(os.path.isfile(p) for p in expert_caches(args))
+    if stage == "sft":
+        return has_warm_start(args.out)
+    if stage == "eval_warm":
+        return has_log(args.out, "eval_warm")
+    if stage == "rl":
+        return all(has_log(args.out, f"rl_{name}") for name in rl_runs(args))
+    return False
 
 
 def stages_to_run(args, state: dict) -> list[str]:
-    """`--stage` alone, or every stage not complete yet, in order; the report is cheap and is
-    always made again (it reads whatever runs exist)."""
+    """`--stage` alone, or every stage not finished yet, in order (the report always)."""
     if args.stage:
         return [args.stage]
-    return [s for s in STAGES if s == "report" or not finished(s, args, state)]
+    return [s for s in STAGES if not finished(s, args, state)]
 
 
 STAGE_FUNCS = {"experts": stage_experts, "sft": stage_sft, "eval_warm": stage_eval_warm,
-               "rl": stage_rl, "eval_rl": stage_eval_rl, "report": stage_report}
+               "rl": stage_rl, "report": stage_report}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stage", choices=STAGES, default=None, help="run one stage only")
     parser.add_argument("--status", action="store_true", help="print what is done and exit")
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "alfworld_laptop"))
-    parser.add_argument("--runs", default=os.path.join(ROOT, "runs", "alfworld_laptop"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "alfworld_laptop"),
+                        help="results and what later stages need (committed)")
+    parser.add_argument("--runs", default=os.path.join(ROOT, "runs", "alfworld_laptop"),
+                        help="run folders (checkpoints; not committed)")
     parser.add_argument("--workers", type=int, default=2, help="processes recording expert episodes")
     parser.add_argument("--devices", type=int, default=2, help="CPU devices (data-parallel mesh)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="RL seeds")
@@ -332,17 +394,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     state = load_state(args.out)
     if args.status:
-        for stage in STAGES:
+        for stage in STAGES[:-1]:
             d = state["done"].get(stage)
-            mark = "done" if finished(stage, args, state) else "partly done"
-            print(f"{stage:>10}: " + (f"{mark} in {d['seconds']:.0f} s  {d.get('result', '')}" if d
-                                      else "not done"))
+            took = f" (last sitting {d['seconds']:.0f} s, {d.get('finished', '')})" if d else ""
+            print(f"{stage:>10}: " + ("done" if finished(stage, args, state) else "to do") + took)
         return 0
-    todo = stages_to_run(args, state)
-    for stage in todo:
-        if stage not in STAGE_FUNCS:
-            print(f"{stage}: not implemented yet", flush=True)
-            break
+    for stage in stages_to_run(args, state):
         t0 = time.perf_counter()
         result = STAGE_FUNCS[stage](args, state)
         state["done"][stage] = {"seconds": time.perf_counter() - t0, "result": result,

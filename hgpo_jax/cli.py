@@ -294,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("run_dir")
     ex.add_argument("out_dir")
     ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("--no-progress", action="store_true")
     ex.add_argument("--critic", action="store_true",
                     help="export a ppo run's critic (transformers' Qwen2ForTokenClassification)")
     ex.set_defaults(func=cmd_export)

@@ -4,6 +4,7 @@ split), the report and the resume/status behaviour. Nothing here needs the real 
 
 import json
 import os
+import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,13 +44,23 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert "| warm start (SFT) |" in table and "| hgpo_k2 |" in table
     assert (out / "dynamics.png").stat().st_size > 0
 
-    # a second call finds every stage done and runs nothing; --status lists them with wall times
+    # what later stages need is kept in OUT: the warm start (a transformers folder) and the logs
+    warm = out / alfworld_laptop.WARM_START
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(warm))
+    assert {"sft", "eval_warm", "rl_hgpo_k2_s0"} <= set(os.listdir(out / alfworld_laptop.LOGS))
+    assert any("model.path=" + str(warm) in c for c in state["commands"] if c.startswith("hgpo-jax train"))
+
+    # on a fresh machine (no run folders), a second call finds every stage done and only remakes
+    # the report from what OUT keeps; --status lists the stages as done
+    shutil.rmtree(runs)
+    (out / "results.md").unlink()
     capsys.readouterr()
     assert alfworld_laptop.main(args) == 0
     assert "hgpo-jax" not in capsys.readouterr().out
+    assert (out / "results.md").read_text() == table
     assert alfworld_laptop.main([*args, "--status"]) == 0  # the same estimators x seeds
     status = capsys.readouterr().out
-    assert all(f"{stage:>10}: done in" in status for stage in alfworld_laptop.STAGES)
+    assert all(f"{stage:>10}: done" in status for stage in alfworld_laptop.STAGES[:-1])
 
 
 def test_two_processes_saving_state_keep_each_others_records(tmp_path):
@@ -67,22 +78,43 @@ def test_two_processes_saving_state_keep_each_others_records(tmp_path):
     assert state["commands"] == ["hgpo-jax sft x", "hgpo-jax eval y"]
 
 
-def test_a_sitting_on_some_rl_runs_leaves_the_others_to_do():
-    """`--stage rl --estimators hgpo_k2 --seeds 0` records the stage done; a later plain call
-    still runs the RL runs it did not do, then their evaluation; the report is always made."""
+def test_stages_are_finished_by_what_out_keeps(tmp_path, monkeypatch):
+    """A stage is finished when OUT keeps its outputs, whatever state.json says (its records may
+    come from another machine); a sitting on some RL runs leaves the others to do; the report is
+    always made."""
     from argparse import Namespace
 
-    done = {s: {"seconds": 1.0} for s in alfworld_laptop.STAGES if s != "sft"}
-    state = {"done": done, "rl_runs": {"hgpo_k2_s0": {}}, "rl_evals": {"hgpo_k2_s0": {}}}
-    one = Namespace(stage=None, estimators=["hgpo_k2"], seeds=[0])
-    every = Namespace(stage=None, estimators=list(alfworld_laptop.ESTIMATORS), seeds=[0, 1])
-    assert alfworld_laptop.finished("rl", one, state) and alfworld_laptop.finished("eval_rl", one, state)
-    assert not alfworld_laptop.finished("rl", every, state)
-    assert not alfworld_laptop.finished("eval_rl", every, state)
-    assert not alfworld_laptop.finished("sft", one, state)  # never recorded done
-    assert alfworld_laptop.stages_to_run(one, state) == ["sft", "report"]
-    assert alfworld_laptop.stages_to_run(every, state) == ["sft", "rl", "eval_rl", "report"]
-    state["done"]["sft"] = {"seconds": 1.0}
-    assert alfworld_laptop.finished("sft", every, state)
-    assert alfworld_laptop.stages_to_run(one, state) == ["report"]  # the report is always made
+    out = str(tmp_path)
+    state = {"done": {s: {"seconds": 1.0} for s in alfworld_laptop.STAGES}, "commands": []}
+    one = Namespace(stage=None, out=out, estimators=["hgpo_k2"], seeds=[0], games=2, search_games=0)
+    every = Namespace(**{**vars(one), "estimators": list(alfworld_laptop.ESTIMATORS), "seeds": [0, 1]})
+    cache = tmp_path / "expert.jsonl"
+    monkeypatch.setattr(alfworld_laptop, "expert_caches", lambda args: [str(cache)])
+    # recorded done, but nothing kept (a fresh machine, an empty cache): all to do
+    assert alfworld_laptop.stages_to_run(one, state) == list(alfworld_laptop.STAGES)
+    cache.write_text("")
+    assert alfworld_laptop.stages_to_run(one, state) == ["sft", "eval_warm", "rl", "report"]
+    cache.unlink()
+
+    warm = tmp_path / alfworld_laptop.WARM_START
+    warm.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (warm / f).write_text("x")
+    for name in ("eval_warm", "rl_hgpo_k2_s0"):
+        os.makedirs(alfworld_laptop.kept_log(out, name))
+        (tmp_path / alfworld_laptop.LOGS / name / "metrics.jsonl").write_text("")
+    # the warm start kept: no expert episodes needed, whatever the cache holds
+    assert alfworld_laptop.finished("experts", one, state) and alfworld_laptop.finished("sft", one, state)
+    assert alfworld_laptop.finished("rl", one, state) and not alfworld_laptop.finished("rl", every, state)
+    assert alfworld_laptop.stages_to_run(one, state) == ["report"]
+    assert alfworld_laptop.stages_to_run(every, state) == ["rl", "report"]
     assert alfworld_laptop.stages_to_run(Namespace(stage="sft"), state) == ["sft"]
+    (warm / "model.safetensors").unlink()  # a half-kept warm start is not one
+    assert not alfworld_laptop.finished("sft", one, state)
+
+
+def test_keep_log_refuses_a_run_without_metrics(tmp_path):
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        alfworld_laptop.keep_log(str(tmp_path / "run"), str(tmp_path / "out"), "x")
