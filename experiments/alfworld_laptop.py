@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -288,7 +289,61 @@ def mean_over_iterations(run_dir: str, prefix: str) -> dict[str, float]:
         for k, v in record.items():
             if k.startswith(prefix) and isinstance(v, (int, float)):
                 values.setdefault(k, []).append(float(v))
-    return {k: float(np.mean(v)) for k, v in sorted(values.items())}
+    return {k: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan
+            for k, v in sorted(values.items())}
+
+
+def first_last(run_dir: str, key: str, n: int = 5) -> tuple[float, float]:
+    """Mean of `key` over a run's first and last `n` iterations (NaN where none was logged)."""
+    import numpy as np
+
+    from hgpo_jax.metrics import metric_series, read_metrics
+
+    _, values = metric_series(read_metrics(run_dir), key)
+    if not values:
+        return math.nan, math.nan
+    return float(np.nanmean(values[:n])), float(np.nanmean(values[-n:]))
+
+
+def _num(v: float, fmt: str = "{:.3f}") -> str:
+    return "-" if v is None or math.isnan(v) else fmt.format(v)
+
+
+def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
+    """Table 1 layout: one row per method, In/Out x task type, mean ± std over its evaluations."""
+    head = " | ".join(f"In {t}" for t in TYPES.values()) + " | " + " | ".join(
+        f"Out {t}" for t in TYPES.values())
+    lines = [f"| method | {head} |", "|---" * (1 + 2 * len(TYPES)) + "|"]
+    for name, evals in rows.items():
+        cells = [_cell([e[f"{split}/{t}"] for e in evals if f"{split}/{t}" in e])
+                 for split in SPLITS for t in TYPES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_lines(logs: dict[str, str], levels: dict, diag: dict, runs: dict) -> list[str]:
+    """Per RL run: rollout success and invalid rate (first vs last 5 iterations), the Table 5
+    analogue (share of steps in a group of >= 2 at each context level, mean over iterations), the
+    bias-vs-oracle diagnostic (mean |A - A_oracle| of each estimator on that run's rollouts) and
+    wall times."""
+    n_levels = max((len(v) for v in levels.values()), default=0)
+    head = ["run", "success first 5 -> last 5 it. (%)", "invalid first 5 -> last 5 (%)",
+            *[f"level {k} grouped (%)" for k in range(n_levels)],
+            *[f"abs dev {e}" for e in ("grpo", "gigpo", "hgpo")], "train s", "eval s"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, log in logs.items():
+        s0, s1 = first_last(log, "success/all")
+        i0, i1 = first_last(log, "rollout/invalid_action_rate")
+        cells = [name, f"{_num(100 * s0, '{:.1f}')} -> {_num(100 * s1, '{:.1f}')}",
+                 f"{_num(100 * i0, '{:.1f}')} -> {_num(100 * i1, '{:.1f}')}"]
+        cells += [_num(100 * levels[name].get(f"hierarchy/level{k}_grouped_fraction", math.nan),
+                       "{:.1f}") for k in range(n_levels)]
+        cells += [_num(diag[name].get(f"diag/{e}/abs_dev", math.nan)) for e in ("grpo", "gigpo", "hgpo")]
+        took = runs.get(name, {})
+        cells += [_num(took.get("seconds", math.nan), "{:.0f}"),
+                  _num(took.get("eval_seconds", math.nan), "{:.0f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _cell(values: list[float]) -> str:
@@ -316,16 +371,17 @@ def stage_report(args, state: dict) -> dict:
                "seeds": args.seeds}
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
-    head = " | ".join(f"In {t}" for t in TYPES.values()) + " | " + " | ".join(
-        f"Out {t}" for t in TYPES.values())
-    lines = [f"| method | {head} |", "|---" * (1 + 2 * len(TYPES)) + "|"]
-    for name, evals in rows.items():
-        cells = [_cell([e[f"{split}/{t}"] for e in evals if f"{split}/{t}" in e])
-                 for split in SPLITS for t in TYPES]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
         f.write("Success (%) on every valid_seen (In) and valid_unseen (Out) game, temperature 0.4;"
-                f" RL rows: mean ± std over seeds {args.seeds}.\n\n" + "\n".join(lines) + "\n")
+                f" RL rows: mean ± std over seeds {args.seeds}.\n\n" + "\n".join(table1_lines(rows))
+                + "\n")
+        if logs:
+            f.write("\nRL runs: rollout success and invalid-action rate over the first and last 5"
+                    " iterations; share of steps whose group at context level k holds >= 2 steps"
+                    " (Table 5 analogue); mean |A - A_oracle| of each estimator on the run's"
+                    " rollouts (the bias-vs-oracle diagnostic); wall time of training and of the"
+                    " evaluation.\n\n" + "\n".join(run_lines(logs, levels, diag,
+                                                              state.get("rl_runs", {}))) + "\n")
     seed0 = [logs[f"{est}_s{args.seeds[0]}"] for est in args.estimators if f"{est}_s{args.seeds[0]}" in logs]
     if seed0:
         from experiments import plot

@@ -42,6 +42,9 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert any(k.startswith("hierarchy/") for k in results["table5"]["hgpo_k2_s0"])
     table = (out / "results.md").read_text()
     assert "| warm start (SFT) |" in table and "| hgpo_k2 |" in table
+    run_row, = [line for line in table.splitlines() if line.startswith("| hgpo_k2_s0 |")]
+    assert run_row.count("|") == table.splitlines()[table.splitlines().index(run_row) - 2].count("|")
+    assert " -> " in run_row  # rollout success over the first and last iterations
     assert (out / "dynamics.png").stat().st_size > 0
 
     # what later stages need is kept in OUT: the warm start (a transformers folder) and the logs
