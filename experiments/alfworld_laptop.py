@@ -63,21 +63,20 @@ def load_state(out: str) -> dict:
 def save_state(out: str, state: dict) -> None:
     """Write `state` merged into what is on disk (atomically): two stages run at once in separate
     processes (say, recording beside an SFT) each keep what the other recorded. Dict entries
-    are merged key by key (this process's win), commands appended once."""
+    are merged key by key (this process's win), commands appended once. `state` is updated in
+    place, its dicts included, so references into it stay live."""
     disk = load_state(out)
-    merged = dict(disk)
-    for key, value in state.items():
-        if isinstance(value, dict) and isinstance(disk.get(key), dict):
-            merged[key] = {**disk[key], **value}
+    for key, value in disk.items():
+        if key not in state:
+            state[key] = value
+        elif isinstance(value, dict) and isinstance(state[key], dict):
+            state[key].update({k: v for k, v in value.items() if k not in state[key]})
         elif key == "commands":
-            merged[key] = disk.get(key, []) + [c for c in value if c not in disk.get(key, [])]
-        else:
-            merged[key] = value
-    state.update(merged)
+            state[key][:0] = [c for c in value if c not in state[key]]
     os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, f"state.json.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(merged, f, indent=1)
+        json.dump(state, f, indent=1)
     os.replace(tmp, os.path.join(out, "state.json"))
 
 
@@ -243,7 +242,6 @@ def stage_eval_warm(args, state: dict) -> dict:
 def stage_rl(args, state: dict) -> dict:
     """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint),
     evaluated, and its metrics kept as OUT/logs/rl_<name>."""
-    done = state.setdefault("rl_runs", {})
     for name, overrides in rl_runs(args).items():
         if has_log(args.out, f"rl_{name}"):
             continue
@@ -253,7 +251,7 @@ def stage_rl(args, state: dict) -> dict:
         train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
         eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)
         keep_log(run, args.out, f"rl_{name}")
-        done[name] = {"run": run, "seconds": train_s, "eval_seconds": eval_s}
+        state.setdefault("rl_runs", {})[name] = {"run": run, "seconds": train_s, "eval_seconds": eval_s}
         save_state(args.out, state)
     return {"runs": sorted(n for n in rl_runs(args) if has_log(args.out, f"rl_{n}"))}
 

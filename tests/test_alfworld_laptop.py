@@ -33,6 +33,8 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert any(c.startswith("hgpo-jax train alfworld_laptop_rl") and "algo.K=2" in c
                for c in state["commands"])
 
+    took = state["rl_runs"]["hgpo_k2_s0"]  # the run's wall times survive the state merges
+    assert took["seconds"] > 0 and took["eval_seconds"] > 0
     results = json.loads((out / "results.json").read_text())
     warm, = results["table1"]["warm start (SFT)"]
     rl, = results["table1"]["hgpo_k2"]
@@ -73,7 +75,9 @@ def test_two_processes_saving_state_keep_each_others_records(tmp_path):
     first["done"]["experts"] = {"seconds": 1.0}
     first["commands"].append("hgpo-jax sft x")
     alfworld_laptop.save_state(str(tmp_path), first)
-    second["done"]["sft"] = {"seconds": 2.0}
+    done = second["done"]  # a reference held across a save (as a stage holds its records)
+    alfworld_laptop.save_state(str(tmp_path), second)
+    done["sft"] = {"seconds": 2.0}
     second["commands"].append("hgpo-jax eval y")
     alfworld_laptop.save_state(str(tmp_path), second)
     state = alfworld_laptop.load_state(str(tmp_path))
