@@ -67,12 +67,15 @@ def save_state(out: str, state: dict) -> None:
     place, its dicts included, so references into it stay live."""
     disk = load_state(out)
     for key, value in disk.items():
-        if key not in state:
+        mine = state.get(key)
+        if mine is None:
             state[key] = value
-        elif isinstance(value, dict) and isinstance(state[key], dict):
-            state[key].update({k: v for k, v in value.items() if k not in state[key]})
+        elif isinstance(value, dict) and isinstance(mine, dict):
+            merged = {**value, **mine}
+            mine.clear()
+            mine.update(merged)
         elif key == "commands":
-            state[key][:0] = [c for c in value if c not in state[key]]
+            mine[:] = value + [c for c in mine if c not in value]
     os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, f"state.json.tmp{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -304,7 +307,7 @@ def first_last(run_dir: str, key: str, n: int = 5) -> tuple[float, float]:
 
 
 def _num(v: float, fmt: str = "{:.3f}") -> str:
-    return "-" if v is None or math.isnan(v) else fmt.format(v)
+    return "-" if math.isnan(v) else fmt.format(v)
 
 
 def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
@@ -325,9 +328,10 @@ def run_lines(logs: dict[str, str], levels: dict, diag: dict, runs: dict) -> lis
     bias-vs-oracle diagnostic (mean |A - A_oracle| of each estimator on that run's rollouts) and
     wall times."""
     n_levels = max((len(v) for v in levels.values()), default=0)
+    estimators = ("grpo", "gigpo", "hgpo")  # the trainer's diagnostic covers these
     head = ["run", "success first 5 -> last 5 it. (%)", "invalid first 5 -> last 5 (%)",
             *[f"level {k} grouped (%)" for k in range(n_levels)],
-            *[f"abs dev {e}" for e in ("grpo", "gigpo", "hgpo")], "train s", "eval s"]
+            *[f"abs dev {e}" for e in estimators], "train s", "eval s"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, log in logs.items():
         s0, s1 = first_last(log, "success/all")
@@ -336,7 +340,7 @@ def run_lines(logs: dict[str, str], levels: dict, diag: dict, runs: dict) -> lis
                  f"{_num(100 * i0, '{:.1f}')} -> {_num(100 * i1, '{:.1f}')}"]
         cells += [_num(100 * levels[name].get(f"hierarchy/level{k}_grouped_fraction", math.nan),
                        "{:.1f}") for k in range(n_levels)]
-        cells += [_num(diag[name].get(f"diag/{e}/abs_dev", math.nan)) for e in ("grpo", "gigpo", "hgpo")]
+        cells += [_num(diag[name].get(f"diag/{e}/abs_dev", math.nan)) for e in estimators]
         took = runs.get(name, {})
         cells += [_num(took.get("seconds", math.nan), "{:.0f}"),
                   _num(took.get("eval_seconds", math.nan), "{:.0f}")]
