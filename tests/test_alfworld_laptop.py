@@ -20,7 +20,9 @@ TINY = ["--games", "2", "--search-games", "2", "--workers", "1", "--devices", "1
         "--set-eval", "eval.games=1", "env.max_steps=2", "env.num_workers=1"]
 
 
-def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
+def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys, monkeypatch):
+    # a cache of its own: episode files left by an earlier run would mark stage experts finished
+    monkeypatch.setenv("HGPO_JAX_CACHE", str(tmp_path / "cache"))
     out, runs = tmp_path / "out", tmp_path / "runs"
     args = ["--out", str(out), "--runs", str(runs), *TINY]
     assert alfworld_laptop.main(args) == 0
