@@ -102,7 +102,9 @@ def test_response_window_equals_every_position_on_the_response(window, chunk):
     win = token_logprobs(model, ids, mask, chunk=chunk, with_entropy=True, response_mask=rm,
                          window=window)
     for f, w in zip(full, win):
-        np.testing.assert_allclose(np.asarray(w), np.asarray(f * rm), atol=1e-6)
+        # float32 entropies reach ~5 here and the window's matmuls have other shapes (so another
+        # summation order): allow a few ulps relative, as well as 1e-6 absolute near 0
+        np.testing.assert_allclose(np.asarray(w), np.asarray(f * rm), rtol=2e-6, atol=1e-6)
         assert float(jnp.abs(w * (1 - rm)).max()) == 0.0
     graphdef, params = nnx.split(model, nnx.Param)
 
