@@ -28,6 +28,7 @@ Open MPI, Kubernetes). Process 0 prints and writes the metrics.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -232,7 +233,7 @@ def cmd_export(args) -> int:
 
 def cmd_plan(args) -> int:
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.plan import devices_needed, format_plan, plan
+    from hgpo_jax.rl.plan import devices_needed, format_plan, plan, plan_json
 
     cfg = load_config(args.config, args.overrides)
     need = devices_needed(cfg)
@@ -243,7 +244,8 @@ def cmd_plan(args) -> int:
         flags += (f" --xla_force_host_platform_device_count={need}"
                   " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
         os.environ["XLA_FLAGS"] = flags.strip()
-    print(format_plan(plan(cfg, target=args.target, sampler=args.sampler)))
+    result = plan(cfg, target=args.target, sampler=args.sampler)
+    print(json.dumps(plan_json(result)) if args.json else format_plan(result))
     return 0
 
 
@@ -305,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the platform the run is for: it decides the attention path "
                          "(model.attention=auto: cuDNN flash on gpu) (default: gpu)")
     pl.add_argument("--sampler", action="store_true",
-                    help="also compile the rollout's sampler and report its compile time")
+                    help="also compile the rollout's sampler (prefill and decode) and report its "
+                         "memory per device during a rollout")
+    pl.add_argument("--json", action="store_true",
+                    help="print the plan as one JSON object (the last line of stdout; keys in "
+                         "docs/training.md)")
     pl.set_defaults(func=cmd_plan)
     demo = sub.add_parser("demo", help="load a Qwen2 checkpoint and greedy-decode a reply")
     demo.add_argument("--model", help="HF Qwen2 folder (default: build a tiny random one)")

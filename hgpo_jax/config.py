@@ -58,7 +58,7 @@ class ModelConfig:
     dtype: str = "float32"  # master weights: float32 | bfloat16
     compute_dtype: str = "bfloat16"  # activations: float32 | bfloat16
     scan_layers: bool = True  # stacked layer weights under lax.scan (one compiled layer); false: unrolled
-    attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, else einsum) | einsum | xla | cudnn
+    attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, splash on TPU, else einsum) | einsum | xla | cudnn | splash
 
 
 @dataclass
@@ -88,6 +88,7 @@ class RolloutConfig:
     top_k: int = 0  # top-k sampling (0 = off)
     max_new_tokens: int = 512  # max response tokens per step
     max_prompt_tokens: int = 4096  # prompts are cut to their last tokens beyond this (left truncation)
+    prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 256 MiB), 0 = whole prompt (docs/sampling.md)
 
 
 @dataclass
@@ -143,6 +144,10 @@ class TrainConfig:
     keep_checkpoints: int = 3  # most recent checkpoints kept
     remat: bool = True              # recompute each layer in the backward pass (saves activation memory)
     pad_multiple: int = 64  # rows are right-padded to a multiple of this many tokens (compiled shapes)
+    # token-budget micro-batches: at most this many padded tokens (rows x length) per device, rows
+    # of similar length together (verl's use_dynamic_bsz); 0 = off: micro_batch_size rows padded
+    # to the batch's longest row, as the authors' runs
+    max_tokens_per_micro_batch: int = 0
     diagnostics: bool = True  # log diag/<estimator>/{bias,abs_dev,rmse} against the oracle per iteration
 
 
@@ -664,7 +669,7 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
             "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS),
-            "attention": ATTENTION_IMPLS[:4]}
+            "attention": tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")}
 
 
 def _env_splits(name: str) -> tuple[str, ...]:
@@ -731,6 +736,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("rollout.top_k", r.top_k, 0)
     at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
     at_least("rollout.max_prompt_tokens", r.max_prompt_tokens, 1)
+    check(r.prefill_chunk >= -1, "rollout.prefill_chunk", r.prefill_chunk,
+          "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
 
     one_of("algo.estimator", a.estimator, allowed["estimator"])
     one_of("algo.mode", a.mode, allowed["mode"])
@@ -780,6 +787,15 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("train.save_every", t.save_every, 0)
     at_least("train.keep_checkpoints", t.keep_checkpoints, 1)
     at_least("train.pad_multiple", t.pad_multiple, 1)
+    at_least("train.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, 0)
+    if t.max_tokens_per_micro_batch > 0 and t.pad_multiple >= 1:  # the longest row must fit
+        longest = r.max_prompt_tokens + r.max_new_tokens
+        padded = -(-longest // t.pad_multiple) * t.pad_multiple
+        check(t.max_tokens_per_micro_batch >= padded, "train.max_tokens_per_micro_batch",
+              t.max_tokens_per_micro_batch,
+              f"0 (off) or at least the longest possible row, rollout.max_prompt_tokens + "
+              f"rollout.max_new_tokens = {longest} tokens padded to train.pad_multiple="
+              f"{t.pad_multiple}: set it to >= {padded}")
 
     v = cfg.eval
     one_of("eval.protocol", v.protocol, allowed["protocol"])

@@ -22,6 +22,7 @@ from flax import nnx, struct
 
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
 from hgpo_jax.models.sharding import rows_sharding
+from hgpo_jax.models.tpu_attention import splash_attention
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # HF initializer_range default
 MASKED_SCORE = -1e30  # additive score of a masked key: exp() underflows to 0, never overflows
@@ -134,23 +135,33 @@ def attention(q, kt, v, mask):
 
 
 # --------------------------------------------------------------------------- fused attention
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "flash_standin")
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "splash", "flash_standin")
 
 
 def resolve_attention(impl: str, dtype, head_size: int, platform: str | None = None) -> str:
     """The attention path a training forward takes: 'einsum' (`attention` above: scores
     [B, K, G*T, S] in float32), 'xla' (`jax.nn.dot_product_attention`'s XLA path: same memory),
-    'cudnn' (cuDNN flash attention: no [T, S] buffer in either pass) or 'flash_standin' (plan only).
+    'cudnn' (cuDNN flash attention: no [T, S] buffer in either pass), 'splash' (the Pallas TPU
+    splash-attention kernel, `tpu_attention.py`: no [T, S] buffer either) or 'flash_standin'
+    (plan only).
 
     'auto' is cuDNN where it runs (a GPU, 16-bit compute dtype, head size a multiple of 8 up to
-    128), else 'einsum'. The sampler's prefill and decode (left-padded rows, a cache) always take
-    'einsum'.
+    128), splash on a TPU (bfloat16 or float32 compute, head size a multiple of 128, the TPU lane
+    width), else 'einsum'. 'splash' runs on TPU, and on CPU through Pallas's interpreter (slow: for
+    tests); on GPU it is an error. The sampler's decode (left-padded rows, a cache) takes 'einsum'.
     """
     if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"model.attention={impl!r}: use one of {ATTENTION_IMPLS[:4]}")
+        usable = tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")
+        raise ValueError(f"model.attention={impl!r}: use one of {usable}")
+    platform = platform or jax.default_backend()
+    if impl == "splash" and platform not in ("tpu", "cpu"):
+        raise ValueError(f"model.attention='splash' is a Pallas TPU kernel and cannot run on "
+                         f"{platform}: use 'auto' (cuDNN flash on a GPU) or 'einsum'")
     if impl != "auto":
         return impl
-    platform = platform or jax.default_backend()
+    if platform == "tpu":
+        ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32) and head_size % 128 == 0
+        return "splash" if ok else "einsum"
     ok = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
           and head_size % 8 == 0 and head_size <= 128)
     return "cudnn" if ok else "einsum"
@@ -182,15 +193,19 @@ def _flash_standin_bwd(res, g):
 _flash_standin.defvjp(_flash_standin_fwd, _flash_standin_bwd)
 
 
-def fused_attention(q, k, v, lengths, impl: str):
+def fused_attention(q, k, v, lengths, impl: str, mesh=None):
     """Causal attention over right-padded rows without a score buffer of ours.
 
     q [B, T, H, hd]; k, v [B, T, K, hd]; lengths int32 [B] (real tokens of each row, which are
-    its first `lengths` slots; at least 1) -> [B, T, H, hd]. impl: 'xla', 'cudnn' or
-    'flash_standin' (see `resolve_attention`).
+    its first `lengths` slots; at least 1) -> [B, T, H, hd]. impl: 'xla', 'cudnn', 'splash' or
+    'flash_standin' (see `resolve_attention`). mesh: the Mesh the rows are split on (the model's
+    `batch_mesh`); only 'splash' uses it (a Pallas call must be split by hand: `tpu_attention`).
     """
     if impl == "flash_standin":
         return _flash_standin(q, k, v, lengths)
+    if impl == "splash":
+        return splash_attention(q, k, v, lengths, interpret=jax.default_backend() == "cpu",
+                                mesh=mesh)
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths,
                                         implementation=impl)
 
@@ -208,38 +223,74 @@ class Qwen2Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_size = H, K, hd
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
-                 fused: str | None = None):
+                 fused: str | None = None, last_slot=None):
         """x [B, T, D]; cos/sin [B, T, hd]; mask bool [B, 1, T, S].
 
-        fused ('xla', 'cudnn', 'flash_standin'; no cache): `fused_attention` instead, and `mask`
-        is then the rows' lengths int32 [B] (right-padded rows, causal). Without a cache S == T. With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values
-        are written at slot `index` and attention runs over all S slots. last_query_only: keys and
-        values of all T tokens, but only the last token queries (Tq = 1 instead of T). Returns
-        (y [B, Tq, D], (k, v) written cache or None).
+        With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values are written
+        at slots `index .. index+T-1` and attention runs over all S slots; without one S == T.
+        last_query_only: keys and values of all T tokens, but only one token per row queries
+        (Tq = 1 instead of T): slot T-1, or `last_slot` (int32 [B], a slot among the T new ones:
+        each right-padded row's last real token). Returns (y [B, Tq, D], (k, v) written cache or
+        None).
+
+        fused ('xla', 'cudnn', 'flash_standin', ...; see `resolve_attention`): `fused_attention`
+        instead, and `mask` is then the rows' lengths int32 [B] (right-padded rows, causal). With a
+        cache this is a prefill into an EMPTY cache (the caller's promise): the T tokens attend to
+        each other only, and their keys/values are written at `index` for the decode. With
+        last_query_only the queries at `last_slot` take the einsum path over the T new keys
+        (scores [B, K, G, T]: no [T, T] buffer).
         """
         B, T, _ = x.shape
+        H, K, hd = self.num_heads, self.num_kv_heads, self.head_size
         if fused is not None:
-            split = lambda y, n: y.reshape(B, T, n, self.head_size)  # noqa: E731
-            q = apply_rope(split(self.q_proj(x), self.num_heads), cos, sin, heads_first=False)
-            k = apply_rope(split(self.k_proj(x), self.num_kv_heads), cos, sin, heads_first=False)
-            out = fused_attention(q, k, split(self.v_proj(x), self.num_kv_heads), mask, fused)
-            return self.o_proj(out.reshape(B, T, self.num_heads * self.head_size)), None
-        heads_first = lambda y, n: y.reshape(B, y.shape[1], n, self.head_size).transpose(0, 2, 1, 3)  # noqa: E731
-        k = apply_rope(heads_first(self.k_proj(x), self.num_kv_heads), cos, sin)  # [B, K, T, hd]
+            split = lambda y, n: y.reshape(B, y.shape[1], n, hd)  # noqa: E731
+            k = apply_rope(split(self.k_proj(x), K), cos, sin, heads_first=False)   # [B, T, K, hd]
+            v = split(self.v_proj(x), K)                                             # [B, T, K, hd]
+            new_kv = (None if cache_kv is None else
+                      _write_kv(cache_kv, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), index))
+            if last_query_only:
+                xq, cq, sq = (_query_rows(a, last_slot) for a in (x, cos, sin))
+                q = apply_rope(split(self.q_proj(xq), H).transpose(0, 2, 1, 3), cq, sq)  # [B, H, 1, hd]
+                slot = T - 1 if last_slot is None else last_slot[:, None]
+                visible = (jnp.arange(T)[None, :] <= slot) & (jnp.arange(T)[None, :] < mask[:, None])
+                out = attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3),
+                                visible[:, None, None, :]).transpose(0, 2, 1, 3)   # [B, 1, H, hd]
+            else:
+                q = apply_rope(split(self.q_proj(x), H), cos, sin, heads_first=False)
+                out = fused_attention(q, k, v, mask, fused)                          # [B, T, H, hd]
+            return self.o_proj(out.reshape(B, -1, H * hd)), new_kv
+        heads_first = lambda y, n: y.reshape(B, y.shape[1], n, hd).transpose(0, 2, 1, 3)  # noqa: E731
+        k = apply_rope(heads_first(self.k_proj(x), K), cos, sin)                  # [B, K, T, hd]
         kt = k.transpose(0, 1, 3, 2)                                              # [B, K, hd, T]
-        v = heads_first(self.v_proj(x), self.num_kv_heads)                       # [B, K, T, hd]
+        v = heads_first(self.v_proj(x), K)                                       # [B, K, T, hd]
         if last_query_only:
-            x, cos, sin, mask = x[:, -1:], cos[:, -1:], sin[:, -1:], mask[:, :, -1:]
-        q = apply_rope(heads_first(self.q_proj(x), self.num_heads), cos, sin)     # [B, H, Tq, hd]
+            x, cos, sin = (_query_rows(a, last_slot) for a in (x, cos, sin))
+            mask = (mask[:, :, -1:] if last_slot is None else
+                    jnp.take_along_axis(mask, last_slot[:, None, None, None], axis=2))
+        q = apply_rope(heads_first(self.q_proj(x), H), cos, sin)                  # [B, H, Tq, hd]
         new_kv = None
         if cache_kv is not None:
-            ck, cv = cache_kv
-            ck = jax.lax.dynamic_update_slice(ck, kt.astype(ck.dtype), (0, 0, 0, index))
-            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
-            new_kv = (ck, cv)
+            new_kv = ck, cv = _write_kv(cache_kv, kt, v, index)
             kt, v = ck.astype(q.dtype), cv.astype(q.dtype)
         out = attention(q, kt, v, mask).transpose(0, 2, 1, 3)  # [B, Tq, H, hd]
-        return self.o_proj(out.reshape(B, -1, self.num_heads * self.head_size)), new_kv
+        return self.o_proj(out.reshape(B, -1, H * hd)), new_kv
+
+
+def _write_kv(cache_kv, kt, v, index):
+    """Write T new keys kt [B, K, hd, T] and values v [B, K, T, hd] into one layer's cache
+    (k [B, K, hd, S], v [B, K, S, hd]) at slot `index` -> the updated (k, v)."""
+    ck, cv = cache_kv
+    return (jax.lax.dynamic_update_slice(ck, kt.astype(ck.dtype), (0, 0, 0, index)),
+            jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0)))
+
+
+def _query_rows(x, last_slot):
+    """x [B, T, ...] -> [B, 1, ...]: each row's slot `last_slot[b]` (int [B]), or slot T-1 for
+    every row when last_slot is None."""
+    if last_slot is None:
+        return x[:, -1:]
+    index = last_slot.reshape((-1,) + (1,) * (x.ndim - 1))
+    return jnp.take_along_axis(x, index, axis=1)
 
 
 class Qwen2MLP(nnx.Module):
@@ -265,12 +316,13 @@ class Qwen2DecoderLayer(nnx.Module):
         self.mlp = Qwen2MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
-                 fused=None):
+                 fused=None, last_slot=None):
         """x [B, T, D] -> (x' [B, Tq, D], new (k, v) or None); Tq = 1 with last_query_only (the
-        layer's keys/values still cover all T tokens), else T. See Qwen2Attention."""
+        layer's keys/values still cover all T tokens: slot T-1 or `last_slot` [B] queries), else
+        T. See Qwen2Attention."""
         h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, index,
-                                   last_query_only, fused)
-        x = (x[:, -1:] if last_query_only else x) + h
+                                   last_query_only, fused, last_slot)
+        x = (_query_rows(x, last_slot) if last_query_only else x) + h
         return x + self.mlp(self.post_attention_layernorm(x)), new_kv
 
 
@@ -383,7 +435,12 @@ class Qwen2ForCausalLM(nnx.Module):
         attention output and MLP for the last slot only (same values as hidden[:, -1:]).
         right_padded: the caller promises every row's real tokens come first (attention_mask a
         prefix of ones), which lets a forward without a cache take the fused attention path
-        (`self.attention`); rows of all padding are fine.
+        (`self.attention`); rows of all padding are fine. With a cache it is a prefill into an
+        EMPTY cache (index 0; the caller's promise): the fused path (no [T, T] scores) where
+        `self.attention` resolves to one, else the einsum path; keys/values of all T slots are
+        written, key_mask marks the real ones, `pos` becomes the rows' lengths, and with
+        last_only hidden is each row's LAST REAL token's (slot length-1; a row of only padding
+        gives slot 0's, finite and meaningless).
         """
         B, T = input_ids.shape
         new_mask = (jnp.ones((B, T), bool) if attention_mask is None
@@ -398,10 +455,13 @@ class Qwen2ForCausalLM(nnx.Module):
             index, S = cache.index, cache.max_len
             key_mask = jax.lax.dynamic_update_slice(cache.key_mask, new_mask, (0, index))
             q_slots = index + jnp.arange(T)
-        fused = None
-        if cache is None and not last_only and (right_padded or attention_mask is None):
+        fused, last_slot = None, None
+        if (right_padded and cache is not None) or (
+                cache is None and not last_only and (right_padded or attention_mask is None)):
             fused = resolve_attention(self.attention, self.dtype, self.config.head_size)
             fused = None if fused == "einsum" else fused
+        if right_padded and cache is not None and last_only:
+            last_slot = jnp.maximum(new_mask.sum(axis=1) - 1, 0).astype(jnp.int32)  # [B]
         if fused is not None:  # the rows' lengths stand for the mask (at least 1: finite rows)
             mask = jnp.maximum(new_mask.sum(axis=1), 1).astype(jnp.int32)   # [B]
         else:
@@ -411,7 +471,7 @@ class Qwen2ForCausalLM(nnx.Module):
         cos, sin = rope_cos_sin(positions, self.config.head_size, self.config.rope_theta)
         x = self._split_batch(self.model.embed_tokens(input_ids))
         run = self._scanned_layers if self.scan_layers else self._unrolled_layers
-        x, kv = run(x, cos, sin, mask, cache, index, last_only, fused)
+        x, kv = run(x, cos, sin, mask, cache, index, last_only, fused, last_slot)
         hidden = self.model.norm(x)
         if cache is None:
             return hidden, None
@@ -419,7 +479,7 @@ class Qwen2ForCausalLM(nnx.Module):
                                pos=start_pos + new_mask.sum(axis=1).astype(jnp.int32),
                                index=index + T)
 
-    def _unrolled_layers(self, x, cos, sin, mask, cache, index, last_only, fused):
+    def _unrolled_layers(self, x, cos, sin, mask, cache, index, last_only, fused, last_slot=None):
         """The L layers one after the other -> (x, (keys, values) tuples or None)."""
         new_k, new_v = [], []
         for i, layer in enumerate(self.model.layers):
@@ -428,14 +488,15 @@ class Qwen2ForCausalLM(nnx.Module):
                 x = self._split_batch(_remat_layer_output(layer, x, cos, sin, mask, fused))
                 continue
             cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last, fused=fused)
+            x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last, fused=fused,
+                          last_slot=last_slot)
             x = self._split_batch(x)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
         return x, (None if cache is None else (tuple(new_k), tuple(new_v)))
 
-    def _scanned_layers(self, x, cos, sin, mask, cache, index, last_only, fused):
+    def _scanned_layers(self, x, cos, sin, mask, cache, index, last_only, fused, last_slot=None):
         """The stacked layers under `jax.lax.scan` -> (x, stacked (keys, values) or None).
 
         Without a cache the weights are the scan's xs (their gradients come back stacked), each
@@ -449,7 +510,7 @@ class Qwen2ForCausalLM(nnx.Module):
 
         def apply(st, x, cache_kv=None, last=False):
             return nnx.merge(graphdef, st)(x, cos, sin, mask, cache_kv, index,
-                                           last_query_only=last, fused=fused)
+                                           last_query_only=last, fused=fused, last_slot=last_slot)
 
         layer_at = lambda i: jax.tree.map(lambda a: a[i], state)  # noqa: E731
         if cache is None:

@@ -116,12 +116,154 @@ def minibatch_indices(num_rows: int, mini_batch_size: int, rng: np.random.Genera
     return [perm[i * mini_batch_size:(i + 1) * mini_batch_size] for i in range(count)]
 
 
+INERT_KEYS = ("attention_mask", "response_mask", "advantages", "token_weight", "agg_weight")
+
+
 def gather_rows(arrays: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows `idx` [M] of every [S, ...] array; index -1 gives an inert row (all masks and the
-    advantage 0, so it adds nothing to the loss or its gradient)."""
+    """Rows `idx` [M] of every [S, ...] array; index -1 gives an inert row (all masks, the
+    advantage and the loss weights 0, so it adds nothing to the loss or its gradient)."""
     pad = idx < 0
     out = {k: v[np.where(pad, 0, idx)].copy() for k, v in arrays.items()}
-    for k in ("attention_mask", "response_mask", "advantages"):
+    for k in INERT_KEYS:
         if k in out:
             out[k][pad] = 0
     return out
+
+
+# --------------------------------------------------------------------------- token budget
+def length_ladder(max_length: int, multiple: int = 64, steps: int = 4) -> tuple[int, ...]:
+    """The padded lengths a token-budget micro-batch may take, ascending: every multiple of
+    `multiple` up to 2 * steps of them, then `steps` per doubling (x1.25, 1.5, 1.75, 2 for
+    steps=4, so a row is padded by less than a quarter of its length), and last
+    `bucket_length(max_length, multiple)`, the longest row any batch can hold. Few lengths, so
+    few compiled shapes: 17 for 1,072 tokens in multiples of 32, 21 for 4,608 in 64s."""
+    if steps < 1:
+        raise ValueError(f"length_ladder: steps must be >= 1, got {steps}")
+    top = bucket_length(max_length, multiple) // multiple  # in units of `multiple`
+    units = set(range(1, min(2 * steps, top) + 1))
+    base = steps
+    while base * 2 <= top:  # base = steps * 2^k
+        units.update(u for u in range(base * 2, base * 4, base // steps * 2) if u <= top)
+        base *= 2
+    units.add(top)
+    return tuple(sorted(u * multiple for u in units))
+
+
+def fit_length(n: int, ladder: Sequence[int]) -> int:
+    """The shortest length of `ladder` (ascending) that holds n tokens. Raises ValueError when
+    none does."""
+    for length in ladder:
+        if length >= n:
+            return int(length)
+    raise ValueError(f"a row of {n} tokens is longer than the longest micro-batch length "
+                     f"{ladder[-1]} (rollout.max_prompt_tokens + rollout.max_new_tokens, padded)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """One token-budget micro-batch of a multi-process batch: `rows` int [P, R] holds each
+    process's R row indices into its own arrays (-1: an inert row; every process feeds R rows, so
+    the global micro-batch has P * R rows), `length` the padded length of all of them."""
+
+    rows: np.ndarray
+    length: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The global (rows, length) the micro-batch is compiled for."""
+        return self.rows.size, self.length
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
+                               shards: int = 1) -> list[MicroBatch]:
+    """Split rows into micro-batches of at most `budget` padded tokens per device.
+
+    lengths: int [P, N] (or [N] for one process): every process's row lengths (prompt +
+      response; 0 for a row that adds nothing, which is left out). Every process must pass the
+      same lengths (all processes' rows) and gets the same plan, so all of them run the same
+      sequence of compiled shapes.
+    budget: tokens per device: rows per device x the micro-batch's padded length.
+    ladder: the allowed padded lengths, ascending (`length_ladder`).
+    shards: batch shards (devices along the mesh's data x fsdp axes) per process: each process's
+      rows of a micro-batch are split evenly over them.
+
+    Each process sorts its rows from longest to shortest; rank i of the micro-batch plan takes
+    every process's i-th longest row and is as long as the longest of them. Micro-batches take
+    consecutive ranks: the first rank's length fitted to the ladder fixes the micro-batch's
+    length `Lb`, and it holds `budget // Lb` rows per device (all the rows it takes are no longer
+    than Lb). The last micro-batch of shorter rows holds the next power of two of the rows it
+    needs per device (at most `budget // Lb`), padded with inert rows, so row counts stay few too.
+    Returns the micro-batches, longest first. Raises ValueError when a row is longer than the
+    ladder's longest length or its length is over the budget.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    lengths = lengths.reshape(1, -1) if lengths.ndim == 1 else lengths
+    if shards < 1:
+        raise ValueError(f"token_budget_micro_batches: shards must be >= 1, got {shards}")
+    orders = np.argsort(-lengths, axis=1, kind="stable")             # [P, N] longest first
+    ranked = np.take_along_axis(lengths, orders, axis=1)            # [P, N]
+    merged = ranked.max(axis=0) if ranked.size else np.zeros(0, np.int64)
+    count = int((merged > 0).sum())  # ranks with a row (zeros sort last)
+    out, i = [], 0
+    while i < count:
+        length = fit_length(int(merged[i]), ladder)
+        per_device = budget // length
+        if per_device < 1:
+            raise ValueError(f"train.max_tokens_per_micro_batch={budget} is smaller than a row "
+                             f"padded to {length} tokens; set it to at least {ladder[-1]}")
+        need = -(-(count - i) // shards)  # rows per device for all the remaining ranks
+        per_device = min(per_device, _next_power_of_two(need))
+        take = min(per_device * shards, count - i)
+        rows = np.full((lengths.shape[0], per_device * shards), -1, np.int64)
+        rows[:, :take] = np.where(ranked[:, i:i + take] > 0, orders[:, i:i + take], -1)
+        out.append(MicroBatch(rows, length))
+        i += take
+    return out
+
+
+def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row loss weights under which a mini-batch split any other way has the loss of the
+    fixed split (`rl.ppo.make_update_step`): the mean over `num_micro` micro-batches of each one's
+    aggregate, micro-batch j holding the global rows j, j + num_micro, j + 2 num_micro, ...
+
+    response_tokens: [P, M] (or [M]) response tokens of every process's rows of the mini-batch;
+      global row p * M + i is process p's row i (`distributed.global_rows`).
+    agg: the loss's aggregation (`rl.loss.AGGS`).
+    Returns (token_weight, agg_weight), float32 [P, M] (the input's shape): a token of row r in
+    fixed micro-batch j weighs token_weight[r] = 1 / (num_micro T_j) in a token-mean, T_j the
+    response tokens of j; agg_weight is the same for "token-mean", and 1 / (num_micro N_j T_r) for
+    "seq-mean" (N_j the rows of j with a response token, T_r the row's own tokens). Summing
+    weight x value over every response token of the mini-batch, in any grouping, gives the fixed
+    split's loss. Rows without response tokens weigh 0.
+    """
+    tokens = np.asarray(response_tokens, np.float64)
+    flat = tokens.reshape(-1)
+    if num_micro < 1 or flat.size % num_micro:
+        raise ValueError(f"fixed_micro_weights: {flat.size} rows cannot form {num_micro} "
+                         "equal micro-batches")
+    j = np.arange(flat.size) % num_micro
+    has = flat > 0
+    total = np.bincount(j, weights=flat, minlength=num_micro)[j]
+    token_w = np.where(has, 1.0 / (num_micro * np.maximum(total, 1.0)), 0.0)
+    if agg == "token-mean":
+        agg_w = token_w
+    elif agg == "seq-mean":
+        seqs = np.bincount(j, weights=has.astype(np.float64), minlength=num_micro)[j]
+        agg_w = np.where(has, 1.0 / (num_micro * np.maximum(seqs, 1.0) * np.maximum(flat, 1.0)), 0.0)
+    else:
+        raise ValueError(f"fixed_micro_weights: unknown agg {agg!r}; use token-mean or seq-mean")
+    return (token_w.reshape(tokens.shape).astype(np.float32),
+            agg_w.reshape(tokens.shape).astype(np.float32))
+
+
+def take_micro(arrays: dict[str, np.ndarray], rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
+    """One micro-batch from host arrays: rows `rows` [R] (-1: inert, see `gather_rows`) of every
+    array, and the first `length` columns of every 2-D [S, L] one (pass only arrays whose second
+    dimension is the token position)."""
+    out = gather_rows(arrays, rows)
+    return {k: v[:, :length] if v.ndim == 2 else v for k, v in out.items()}

@@ -8,8 +8,9 @@ gradients exactly, and the activation peak as XLA's CPU compiler schedules it (a
 GPU one). Use it to check that a 7B run fits before renting GPUs.
 
 Attention: the plan compiles the path `model.attention` takes on the target platform
-(`--target`, default gpu). cuDNN flash attention has no CPU kernel, so on CPU a stand-in with its
-memory profile is compiled instead (`qwen2._flash_standin`: output and logsumexp residuals, no
+(`--target`, default gpu). cuDNN flash attention has no CPU kernel (nor has the TPU splash kernel,
+`--target tpu`, but an interpreter), so on CPU a stand-in with their memory profile is compiled
+instead (`qwen2._flash_standin`: output and logsumexp residuals, no
 [T, S] buffer); its values are never computed.
 """
 
@@ -91,6 +92,9 @@ def plan_attention(cfg, model_cfg: Qwen2Config, target: str | None) -> tuple[str
     if impl == "cudnn" and jax.default_backend() != "gpu":
         return "flash_standin", f"cudnn flash on {target} (a memory stand-in compiled on " \
                                 f"{jax.default_backend()})"
+    if impl == "splash" and jax.default_backend() != "tpu":  # off a TPU it would be interpreted
+        return "flash_standin", f"splash (Pallas TPU flash) on {target} (a memory stand-in " \
+                                f"compiled on {jax.default_backend()})"
     return impl, f"{impl} on {target}"
 
 
@@ -157,11 +161,9 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
         out["peak_bytes"] = max(out["peak_bytes"] + out["critic_params_bytes"] + out["critic_opt_bytes"],
                                 out["critic_step_bytes"] + resident_policy)
     if sampler:
-        rows = r.num_groups * r.group_size
-        out["sampler_compile_s"] = sampler_compile_seconds(
-            graphdef, abs_params, rows, r.max_prompt_tokens, r.max_new_tokens, mesh,
-            cfg.model.compute_dtype)
-        out["sampler_shape"] = (rows, r.max_prompt_tokens, r.max_new_tokens)
+        resident = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"] + (
+            out.get("critic_params_bytes", 0) + out.get("critic_opt_bytes", 0))
+        out.update(plan_sampler(cfg, graphdef, abs_params, mesh, resident))
     return out
 
 
@@ -190,30 +192,46 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> 
             "critic_opt_bytes": _bytes_per_device(abs_opt), "critic_step_bytes": _step_peak_bytes(mem)}
 
 
-def sampler_compile_seconds(graphdef, abs_params, rows: int, prompt_len: int, max_new: int, mesh,
-                            cache_dtype, unroll: bool = True) -> float:
-    """Seconds to compile the sampler's prefill and decode programs for `rows` prompts of
-    `prompt_len` tokens and `max_new` new tokens, on abstract weights (nothing runs). unroll: the
-    sampler's `unroll_layers` (a scanned model decodes unrolled by default)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
+    """Per-device bytes of the rollout's generation programs, compiled for the config's largest
+    rollout batch (num_groups x group_size prompts of max_prompt_tokens, max_new_tokens new) on
+    abstract weights, as the trainer runs them (the policy's master weights, so no second copy).
 
-    from hgpo_jax.models.sharding import rows_sharding
-    from hgpo_jax.rl.sampling import Sampler, _Static, batch_bucket, new_tokens_bucket
+    resident_bytes: what training keeps on each device during a rollout (master weights,
+    optimizer state, reference weights; a critic and its optimizer state where there is one).
+    Each program's own bytes are its arguments less the weights (already resident), its
+    temporaries and its outputs that do not alias an argument; the prefill's output is the
+    decode's carry (the KV cache). sampler_peak_bytes = resident + the larger of the two.
+    """
+    from hgpo_jax.rl.sampling import compile_for_plan, prompt_bucket
 
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
-    B = batch_bucket(rows, dp)
-    rep = NamedSharding(mesh, P())
-    batched = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, shape))
-               for shape, dtype in (((B, prompt_len), jnp.int32), ((B, prompt_len), jnp.bool_),
-                                    ((B,), jnp.bool_))]
-    scalars = [jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
-               for shape, dtype in (((1,), jnp.int32), ((2,), jnp.uint32), ((), jnp.float32),
-                                    ((), jnp.float32), ((), jnp.int32))]
-    static = _Static(max_new=new_tokens_bucket(max_new), greedy=False, top_k=0, use_top_p=False,
-                     cache_dtype=resolve_dtype(cache_dtype), mesh=mesh, unroll_layers=unroll)
+    r = cfg.rollout
+    rows = r.num_groups * r.group_size
     t0 = time.perf_counter()
-    Sampler._compile(graphdef, static, (abs_params, *batched, *scalars), mesh, abs_params)
-    return time.perf_counter() - t0
+    programs = compile_for_plan(graphdef, abs_params, rows, prompt_bucket(r.max_prompt_tokens),
+                                r.max_new_tokens, mesh, resolve_dtype(cfg.model.compute_dtype),
+                                prefill_chunk=r.prefill_chunk)
+    compile_s = time.perf_counter() - t0
+    weights = _bytes_per_device(abs_params)
+    out = {"sampler_shape": (rows, r.max_prompt_tokens, r.max_new_tokens),
+           "sampler_batch": programs["batch"], "sampler_prompt_slots": programs["prompt_slots"],
+           "sampler_new_slots": programs["new_slots"], "sampler_prefill_chunk": programs["chunk"],
+           "sampler_prefill_attention": programs["prefill_attention"],
+           "sampler_cache_dtype": str(programs["cache_dtype"]),
+           "sampler_cache_bytes": programs["cache_bytes"], "sampler_compile_s": compile_s,
+           "sampler_resident_bytes": resident_bytes}
+    for name in ("prefill", "decode"):
+        mem = programs[name].memory_analysis()
+        args = getattr(mem, "argument_size_in_bytes", 0)
+        temp = getattr(mem, "temp_size_in_bytes", 0)
+        outs = max(getattr(mem, "output_size_in_bytes", 0) - getattr(mem, "alias_size_in_bytes", 0), 0)
+        out[f"sampler_{name}_argument_bytes"] = args
+        out[f"sampler_{name}_temp_bytes"] = temp
+        out[f"sampler_{name}_output_bytes"] = outs
+        out[f"sampler_{name}_bytes"] = max(args - weights, 0) + temp + outs
+    out["sampler_peak_bytes"] = resident_bytes + max(out["sampler_prefill_bytes"],
+                                                     out["sampler_decode_bytes"])
+    return out
 
 
 def format_plan(p: dict) -> str:
@@ -238,6 +256,61 @@ def format_plan(p: dict) -> str:
           f"    critic step peak      {g(p['critic_step_bytes'])}  (its arguments + temporaries)"]
          if "critic_params_bytes" in p else []) + [
         f"    estimated peak        {g(p['peak_bytes'])}",
-    ] + ([f"  sampler: {p['sampler_shape'][0]} prompts x {p['sampler_shape'][1]} tokens, "
-          f"{p['sampler_shape'][2]} new: compiled in {p['sampler_compile_s']:.1f}s"]
-         if "sampler_compile_s" in p else []))
+    ] + (_format_sampler(p) if "sampler_peak_bytes" in p else []))
+
+
+def _format_sampler(p: dict) -> list[str]:
+    g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
+    rows, prompt, new = p["sampler_shape"]
+    chunk = p["sampler_prefill_chunk"]
+    return [
+        f"  sampler: {rows} prompts x {prompt} tokens, {new} new (batch {p['sampler_batch']} x "
+        f"{p['sampler_prompt_slots']} + {p['sampler_new_slots']} slots), prefill "
+        f"{p['sampler_prefill_attention']}"
+        + (f" in chunks of {chunk}" if chunk and chunk < p["sampler_prompt_slots"] else "")
+        + f", cache {p['sampler_cache_dtype']} (compiled in {p['sampler_compile_s']:.1f}s)",
+        "  per device during a rollout:",
+        f"    resident from training {g(p['sampler_resident_bytes'])}  (params + opt state + reference"
+        + (" + critic)" if "critic_params_bytes" in p else ")"),
+        f"    KV cache               {g(p['sampler_cache_bytes'])}",
+        f"    prefill                {g(p['sampler_prefill_bytes'])}  (temporaries "
+        f"{p['sampler_prefill_temp_bytes'] / GIB:.2f} + outputs {p['sampler_prefill_output_bytes'] / GIB:.2f}"
+        " + inputs)",
+        f"    decode                 {g(p['sampler_decode_bytes'])}  (temporaries "
+        f"{p['sampler_decode_temp_bytes'] / GIB:.2f} + carry and inputs)",
+        f"    sampler peak           {g(p['sampler_peak_bytes'])}",
+    ]
+
+
+# Keys of `plan()`'s result that `plan_json` puts in its "train_step" and "sampler" sections.
+_TRAIN_KEYS = ("params_bytes", "opt_bytes", "ref_params_bytes", "argument_bytes", "output_bytes",
+               "temp_bytes", "alias_bytes", "critic_params_bytes", "critic_opt_bytes",
+               "critic_step_bytes")
+
+
+def plan_json(p: dict) -> dict:
+    """`plan()`'s result as the JSON object `hgpo-jax plan --json` prints (docs/training.md,
+    "Memory plan", names every key): byte counts become GiB (`*_gib`), grouped into
+    "train_step" and "sampler" (present with --sampler) sections; the rest stays at the top."""
+    gib = lambda b: round(b / GIB, 4)  # noqa: E731
+    top = {k: v for k, v in p.items()
+           if k not in _TRAIN_KEYS and k != "peak_bytes" and not k.startswith("sampler_")
+           and k not in ("seq_len", "mini_batch", "micro_batch", "compile_s")}
+    train = {"seq_len": p["seq_len"], "mini_batch": p["mini_batch"],
+             "micro_batch": p["micro_batch"], "compile_s": round(p["compile_s"], 2),
+             "peak_gib": gib(p["peak_bytes"])}
+    train.update({k.replace("_bytes", "_gib"): gib(p[k]) for k in _TRAIN_KEYS if k in p})
+    out = dict(top, train_step=train)
+    if "sampler_peak_bytes" in p:
+        sampler = {}
+        for k, v in p.items():
+            if not k.startswith("sampler_"):
+                continue
+            name = k[len("sampler_"):]
+            if name.endswith("_bytes"):
+                sampler[name.replace("_bytes", "_gib")] = gib(v)
+            else:
+                sampler[name] = list(v) if isinstance(v, tuple) else v
+        sampler["compile_s"] = round(sampler["compile_s"], 2)
+        out["sampler"] = sampler
+    return out

@@ -16,9 +16,12 @@ pass), so the [S, L, vocab] fp32 logits of a 152k-vocab model never exist at onc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -27,6 +30,7 @@ from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
 from hgpo_jax.rl.loss import entropy_from_logits, ppo_kl_loss
 
 LOGPROB_CHUNK = 128
+BUDGET_CHUNK_DIVISOR = 8  # token-budget micro-batches: budget / 8 logit positions per device at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,12 +181,42 @@ def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):
                  for x in jax.lax.map(one_chunk, (h, t)))
 
 
-def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: int | None = None):
+def budget_window_chunk(rows: int, length: int, window: int | None, budget: int,
+                        shards: int = 1) -> tuple[int | None, int]:
+    """(window, chunk) of `token_logprobs` for a token-budget micro-batch of rows x length
+    (global rows, split over `shards` batch shards) under a budget of `budget` tokens per device.
+
+    The window is cut to the row length (a response is never longer than its row, so nothing
+    changes but the cost of the short micro-batches), and the chunk so that each device projects
+    at most budget / BUDGET_CHUNK_DIVISOR positions on the vocabulary at a time: a micro-batch of
+    many short rows would otherwise hold rows x LOGPROB_CHUNK fp32 logits rows at once."""
+    window = None if window is None else min(window, length)
+    per_device = max(1, rows // max(shards, 1))
+    span = length if window is None else window
+    return window, max(1, min(LOGPROB_CHUNK, span, budget // BUDGET_CHUNK_DIVISOR // per_device))
+
+
+def batch_shards(mesh: Mesh | None) -> int:
+    """Devices along the batch axes (data x fsdp): how many ways a batch's rows are split."""
+    if mesh is None:
+        return 1
+    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+
+
+def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: int | None = None,
+                    token_budget: int = 0):
     """jit(params, input_ids [S, L], attention_mask [S, L], response_mask [S, L]) -> logp
-    float32 [S, L] (`token_logprobs`; with a `window`, 0 outside the response)."""
+    float32 [S, L] (`token_logprobs`; with a `window`, 0 outside the response).
+    token_budget: the tokens per device of token-budget micro-batches (0: fixed micro-batches);
+    each shape then gets its window and chunk from `budget_window_chunk` (same values)."""
+    shards = batch_shards(mesh)
+
     def fn(params, input_ids, attention_mask, response_mask):
-        return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask,
-                              response_mask=response_mask, window=window)
+        w, chunk = window, LOGPROB_CHUNK
+        if token_budget:
+            w, chunk = budget_window_chunk(*input_ids.shape, window, token_budget, shards)
+        return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask, chunk,
+                              response_mask=response_mask, window=w)
 
     if mesh is None:
         return jax.jit(fn)
@@ -255,6 +289,26 @@ def ppo_batch_ndims(token_advantages: bool = False) -> dict[str, int]:
     return {**PPO_BATCH, "advantages": 2} if token_advantages else dict(PPO_BATCH)
 
 
+def apply_gradients(tx: optax.GradientTransformation, params, opt_state, grads, loss, metrics):
+    """(params, opt_state, metrics) after one optimizer update with the mini-batch's `grads`,
+    `loss` and `metrics` (a dict of scalars): skipped, params and state unchanged, when the loss
+    or a gradient is not finite. Metrics: `train/<metric>`, `train/loss`, `train/grad_norm`,
+    `train/skipped_nonfinite`."""
+    finite = jnp.isfinite(loss) & _tree_all_finite(grads)
+
+    def update(_):
+        updates, new_opt = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+    # a branch rather than an elementwise select of new vs old over the whole state: a
+    # skipped update does no optimizer work and returns the inputs as they were
+    new_params, new_opt = jax.lax.cond(finite, update, lambda _: (params, opt_state), None)
+    out = {f"train/{k}": v for k, v in metrics.items()}
+    out.update({"train/loss": loss, "train/grad_norm": optax.tree.norm(grads),
+                "train/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)})
+    return new_params, new_opt, out
+
+
 def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num_micro: int,
                      batch_ndims: dict[str, int], mesh: Mesh | None = None, shardings=None,
                      opt_shardings=None):
@@ -295,22 +349,137 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
         grads = jax.tree.map(lambda g: g / num_micro, grads)
         loss = loss / num_micro
         metrics = jax.tree.map(lambda m: m / num_micro, metrics)
-        finite = jnp.isfinite(loss) & _tree_all_finite(grads)
-
-        def update(_):
-            updates, new_opt = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), new_opt
-
-        # a branch rather than an elementwise select of new vs old over the whole state: a
-        # skipped update does no optimizer work and returns the inputs as they were
-        new_params, new_opt = jax.lax.cond(finite, update, lambda _: (params, opt_state), None)
-        out = {f"train/{k}": v for k, v in metrics.items()}
-        out.update({"train/loss": loss, "train/grad_norm": optax.tree.norm(grads),
-                    "train/skipped_nonfinite": 1.0 - finite.astype(jnp.float32)})
-        return new_params, new_opt, out
+        return apply_gradients(tx, params, opt_state, grads, loss, metrics)
 
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))
     mb_sharding = {k: batch_sharding(mesh, ndim) for k, ndim in batch_ndims.items()}
     return jax.jit(step, in_shardings=(shardings, opt_shardings, mb_sharding),
                    out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+
+
+# --------------------------------------------------------------------------- token-budget update
+BUDGET_WEIGHTS = {"token_weight": 1, "agg_weight": 1}  # per-row loss weights of a token-budget micro-batch
+
+
+def ppo_budget_micro_loss(loss_cfg: LossConfig, budget: int, window: int | None = None,
+                          shards: int = 1):
+    """micro_loss(model, micro) -> (loss, metrics) for token-budget micro-batches: the PPO-KL
+    loss (with entropy bonus) and its metrics as sums of per-token terms weighted by the rows'
+    `agg_weight` / `token_weight` [R] (`rl.batching.fixed_micro_weights`), so that their sum
+    over a mini-batch's micro-batches, in any grouping, is `ppo_micro_loss`'s mean over the fixed
+    micro-batches. Window and chunk per shape: `budget_window_chunk`.
+
+    `ppo_kl_loss` with weights w (mask x row weight) as its mask and token-mean aggregation gives
+    sum(w x) / sum(w) for every aggregated term; times sum(w) that is the weighted sum. With
+    seq-mean, the token-mean metrics (pg_clipfrac, ppo_kl) come from a second pass with the token
+    weights."""
+    def micro_loss(model, micro):
+        w, chunk = budget_window_chunk(*micro["input_ids"].shape, window, budget, shards)
+        logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"], chunk,
+                                       with_entropy=True, response_mask=micro["response_mask"],
+                                       window=w)
+
+        def weighted(row_weight):
+            weights = micro["response_mask"] * row_weight[:, None]
+            loss, metrics = ppo_kl_loss(
+                logp, micro["old_logp"], micro["ref_logp"], micro["advantages"], weights,
+                clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
+                dual_clip=loss_cfg.dual_clip, kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type,
+                agg="token-mean", entropy=entropy, entropy_coef=loss_cfg.entropy_coef)
+            total = jnp.sum(weights)
+            return loss * total, {k: v * total for k, v in metrics.items()}
+
+        loss, metrics = weighted(micro["agg_weight"])
+        if loss_cfg.agg != "token-mean":
+            _, by_token = weighted(micro["token_weight"])
+            metrics.update(pg_clipfrac=by_token["pg_clipfrac"], ppo_kl=by_token["ppo_kl"])
+        return loss, metrics
+    return micro_loss
+
+
+class BudgetStep(NamedTuple):
+    """The jitted parts of one token-budget update (`budget_update` runs them):
+
+    init(params) -> acc: zero gradients, loss and metrics;
+    accumulate(params, acc, micro) -> acc + the micro-batch's (gradients, loss, metrics), one
+      compiled program per micro-batch shape (acc is donated);
+    apply(params, opt_state, acc) -> (params, opt_state, metrics): `apply_gradients` (params
+      and opt_state are donated)."""
+
+    init: Callable
+    accumulate: Callable
+    apply: Callable
+
+
+def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
+                       batch_ndims: dict[str, int], mesh: Mesh | None = None, shardings=None,
+                       opt_shardings=None) -> BudgetStep:
+    """The parts of an optimizer update over micro-batches of any shapes, for a `micro_loss`
+    whose sum over the micro-batches is the mini-batch's loss (`ppo_budget_micro_loss`).
+    batch_ndims: the micro-batch's keys -> ndims. Without a mesh, plain jits."""
+    def loss_of_params(params, micro):
+        return micro_loss(nnx.merge(graphdef, params), micro)
+
+    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
+    metric_keys = []  # found by tracing the loss once, on the first init
+
+    def accumulate(params, acc, micro):
+        (loss, metrics), grads = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, acc, (grads, loss, metrics))
+
+    def apply(params, opt_state, acc):
+        return apply_gradients(tx, params, opt_state, *acc)
+
+    def zeros(params):
+        return (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+                {k: jnp.zeros((), jnp.float32) for k in metric_keys})
+
+    if mesh is None:
+        jit_zeros = jax.jit(zeros)
+        jit_acc = jax.jit(accumulate, donate_argnums=(1,))
+        jit_apply = jax.jit(apply, donate_argnums=(0, 1))
+    else:
+        rep = NamedSharding(mesh, P())
+        mb = {k: batch_sharding(mesh, n) for k, n in batch_ndims.items()}
+        acc_sh = (shardings, rep, rep)
+        jit_zeros = jax.jit(zeros, in_shardings=(shardings,), out_shardings=acc_sh)
+        jit_acc = jax.jit(accumulate, in_shardings=(shardings, acc_sh, mb), out_shardings=acc_sh,
+                          donate_argnums=(1,))
+        jit_apply = jax.jit(apply, in_shardings=(shardings, opt_shardings, acc_sh),
+                            out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+
+    def init(params):
+        if not metric_keys:
+            micro = {k: jax.ShapeDtypeStruct((batch_shards(mesh),) + (8,) * (n - 1),
+                                             jnp.int32 if k in ("input_ids", "attention_mask")
+                                             else jnp.float32)
+                     for k, n in batch_ndims.items()}
+            _, metric_shape = jax.eval_shape(loss_of_params, params, micro)
+            metric_keys.extend(sorted(metric_shape))
+        return jit_zeros(params)
+
+    return BudgetStep(init, jit_acc, jit_apply)
+
+
+def make_budget_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossConfig,
+                           budget: int, mesh: Mesh | None = None, shardings=None,
+                           opt_shardings=None, window: int | None = None,
+                           token_advantages: bool = False) -> BudgetStep:
+    """The PPO update of `make_train_step` over token-budget micro-batches (`budget` tokens per
+    device): micro-batches hold `ppo_batch_ndims(token_advantages)` plus BUDGET_WEIGHTS. Run it
+    with `budget_update`; it gives the fixed micro-batches' loss, gradients and metrics."""
+    return make_budget_update(graphdef, tx,
+                              ppo_budget_micro_loss(loss_cfg, budget, window, batch_shards(mesh)),
+                              {**ppo_batch_ndims(token_advantages), **BUDGET_WEIGHTS},
+                              mesh, shardings, opt_shardings)
+
+
+def budget_update(step: BudgetStep, params, opt_state, micros: Iterable[dict]):
+    """(params, opt_state, metrics): one optimizer update, gradients accumulated over `micros`
+    (device-ready micro-batches, any shapes; none is a valid, zero-gradient update, as a
+    mini-batch of inert rows is in the fixed form). Host loop; the steps are `step`'s jits."""
+    acc = step.init(params)
+    for micro in micros:
+        acc = step.accumulate(params, acc, micro)
+    return step.apply(params, opt_state, acc)

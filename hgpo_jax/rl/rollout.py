@@ -48,6 +48,7 @@ class Policy:
     top_k: int = 0
     max_new_tokens: int = 512
     max_prompt_tokens: int = 2048
+    prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long."""
@@ -58,7 +59,8 @@ class Policy:
 
         return generate(self.model, prompts, self.max_new_tokens, temperature=self.temperature,
                         top_p=self.top_p, top_k=self.top_k,
-                        eos_token_id=self.tokenizer.eos_token_ids, rng=rng)
+                        eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
+                        prefill_chunk=self.prefill_chunk)
 
 
 @dataclasses.dataclass
@@ -172,7 +174,9 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
                          f"{group_size} need {num_envs}")
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    timing = {"env_reset": 0.0, "generate": 0.0, "env_step": 0.0}
+    # seconds: env resets; prompt building + tokenizing; generate; reply decoding + projection;
+    # env steps
+    timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
     if spec is None:
         spec = default_spec(intro)
 
@@ -195,18 +199,22 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         # processes sample together (one SPMD program): one with no env left still takes part
         if not any_process(bool(active)):
             break
+        t1 = time.perf_counter()
         prompts = [policy.encode_prompt(spec.build_prompt(
             task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len))
             for i in active]
+        timing["prompts"] += time.perf_counter() - t1
         key, sub = jax.random.split(key)
         t1 = time.perf_counter()
         out = policy.generate(prompts, sub)
         timing["generate"] += time.perf_counter() - t1
+        t1 = time.perf_counter()
         texts = [policy.tokenizer.decode(toks) for toks in out.tokens]
         actions = {}
         valid = {}
         for i, text in zip(active, texts):
             actions[i], valid[i] = spec.project(text, projection)
+        timing["replies"] += time.perf_counter() - t1
         t2 = time.perf_counter()
         step_replies = env_pool.step(actions)
         timing["env_step"] += time.perf_counter() - t2

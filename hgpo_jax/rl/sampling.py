@@ -7,18 +7,24 @@
     out.logprobs        # log-prob of each token under the distribution it was drawn from
     out.model_logprobs  # log-prob of each token under the model itself (temperature 1, no filter)
 
-Device side (pure, under jit): the left-padded prompt batch is prefilled into a KV cache in one
-forward that also draws the first token (the prefill executable), then one `lax.while_loop` (the
-decode executable) samples one token per step, feeds it back through the cache, and stops when
-every row has produced an eos or `max_new_tokens` tokens. The cache passes from one to the other
-on device; they are two executables only so each gets its best XLA options. Host side (NumPy):
-prompts are padded to a bucketed shape, and the result is cut back to lists.
+Device side (pure, under jit): the prompt batch is prefilled into a KV cache and the first token
+drawn (the prefill executable), then one `lax.while_loop` (the decode executable) samples one
+token per step, feeds it back through the cache, and stops when every row has produced an eos or
+`max_new_tokens` tokens. The cache passes from one to the other on device; they are two
+executables only so each gets its best XLA options. Host side (NumPy): prompts are padded to a
+bucketed shape, and the result is cut back to lists.
+
+The prefill takes one of two paths (`prefill_path`): where the model's attention resolves to a
+fused kernel (`resolve_attention`: cuDNN on a GPU with 16-bit compute, ...) the prompts are
+RIGHT-padded and prefilled in one forward with no score buffer; elsewhere they are LEFT-padded
+and enter the cache in chunks of C tokens (`prefill_chunk_size`), whose einsum attention holds
+scores [B, K, G*C, P] instead of [B, K, G*P, P].
 
 Shapes: B batch (bucketed), P prompt slots (bucketed), N new-token slots (bucketed), V vocabulary.
 
 Bucketing and compile counting: `Sampler` keeps one ahead-of-time compiled program (a prefill
 and a decode-loop executable) per static key (model graph, bucketed B/P/N, greedy or not, top_k,
-whether top_p filters, number of eos ids, parameter shardings). `Sampler.num_compiles` is the
+whether top_p filters, number of eos ids, the prefill path and chunk, parameter shardings). `Sampler.num_compiles` is the
 number of programs it has compiled. The module-level `generate` uses one shared
 `DEFAULT_SAMPLER` (see `compile_count()`); pass `sampler=Sampler()` for an isolated cache. Temperature, top_p's value, the rng, the eos ids and the
 actual `max_new_tokens` are runtime arguments and never cause a compile.
@@ -41,7 +47,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.distributed import local_rows, max_over_processes
-from hgpo_jax.models.qwen2 import KVCache, relayout_layers
+from hgpo_jax.models.qwen2 import KVCache, relayout_layers, resolve_attention
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
 from hgpo_jax.rl.advantages import bucket
@@ -50,6 +56,9 @@ DEFAULT_SEED = 0  # rng=None samples with jax.random.PRNGKey(DEFAULT_SEED)
 MIN_PROMPT_BUCKET = 32
 MIN_NEW_BUCKET = 8
 PAD_ID = 0  # token fed in padded prompt slots (masked out, so its value never matters)
+AUTO_CHUNK = -1  # prefill_chunk: pick the chunk from PREFILL_SCORE_BYTES (prefill_chunk_size)
+PREFILL_SCORE_BYTES = 256 << 20  # auto chunk: one layer's float32 scores per device stay within
+MIN_PREFILL_CHUNK = 64  # auto chunk: never fewer query tokens per chunk than this
 
 
 # --------------------------------------------------------------------------- output
@@ -64,6 +73,9 @@ class GenerateOutput:
     model_logprobs:  log_softmax(logits) of each token at temperature 1 without filtering
     num_compiles:    programs the sampler has compiled so far (this call included)
     compile_s:       seconds this call spent compiling (0.0 when its bucket was compiled before)
+    prefill_s:       wall seconds of this call's prefill executable (prompt in, first token out;
+                     compile excluded), measured up to `block_until_ready` of its output
+    decode_s:        wall seconds of this call's decode executable (the other new tokens)
     """
 
     tokens: list[list[int]]
@@ -71,6 +83,8 @@ class GenerateOutput:
     model_logprobs: list[list[float]]
     num_compiles: int = 0
     compile_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 # --------------------------------------------------------------------------- device: one step
@@ -183,6 +197,8 @@ class _Static:
     cache_dtype: object
     mesh: object                 # jax Mesh or None
     unroll_layers: bool = True   # run a scanned model's layers unrolled (see _sampling_model)
+    prefill_attention: str = "einsum"  # 'einsum': left-padded, chunked; else a fused impl, right-padded
+    prefill_chunk: int = 0       # C, query tokens per prefill chunk (the einsum path; 0 = all P)
 
 
 def _sampling_model(graphdef, state, static: _Static):
@@ -246,19 +262,27 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, 
                      top_p, *, graphdef, static: _Static):
     """Prefill and the first token, on device.
 
-    input_ids int32 [B, P] left-padded; attention_mask bool [B, P]; row_valid bool [B] (False on
-    dummy rows of the batch bucket); eos_ids int32 [E]; rng raw key; temperature, top_p float32 [].
+    input_ids int32 [B, P], left-padded (static.prefill_attention 'einsum') or right-padded (a
+    fused path); attention_mask bool [B, P]; row_valid bool [B] (False on dummy rows of the batch
+    bucket); eos_ids int32 [E]; rng raw key; temperature, top_p float32 [].
     Returns the decode loop's carry: (step 1, token [B], cache with P + N slots, done [B],
     (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]), lengths int32 [B], rng).
     """
     model = _sampling_model(graphdef, state, static)
     B, Pn = input_ids.shape
     N = static.max_new
-    # prefill into a cache of exactly Pn slots (its attention is Pn x Pn), then add N empty slots
-    cache = _constrain_cache(model.new_cache(B, Pn, static.cache_dtype), static.mesh)
-    hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
-                                        last_only=True)                   # [B, 1, D]
-    cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
+    if static.prefill_attention == "einsum":
+        # a cache of exactly Pn slots (each chunk's attention is C x Pn), then N empty slots added
+        cache = _constrain_cache(model.new_cache(B, Pn, static.cache_dtype), static.mesh)
+        hidden, cache = _chunked_prefill(model, input_ids, attention_mask, cache,
+                                         static.prefill_chunk or Pn, static.mesh)  # [B, 1, D]
+        cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
+    else:  # right-padded rows, one fused forward (its attention never reads the cache, so the
+        # cache has its Pn + N slots from the start: no second copy); hidden: last real tokens'
+        cache = _constrain_cache(model.new_cache(B, Pn + N, static.cache_dtype), static.mesh)
+        hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
+                                            last_only=True, right_padded=True)
+        cache = _constrain_cache(cache, static.mesh)
     rng, key = jax.random.split(rng)
     token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), key, temperature, top_p, static)
     buffers = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32),
@@ -268,12 +292,46 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, 
     return jnp.int32(1), token, cache, done, buffers, lengths, rng
 
 
+def _chunked_prefill(model, input_ids, attention_mask, cache: KVCache, chunk: int, mesh):
+    """Left-padded prompts into an empty cache of P slots, C = `chunk` tokens at a time.
+
+    input_ids int32 [B, P], attention_mask bool [B, P] -> (hidden [B, 1, D] of slot P-1, cache).
+    Each chunk's tokens are written at slots index..index+C-1 and attend causally to every slot
+    written so far (their scores are [B, K, G*C, P]). P % C tokens go first as one shorter chunk,
+    then P // C chunks of C run in a `lax.scan` (one compiled chunk); a single chunk is today's
+    one forward. Same values as one forward, up to float summation order.
+    """
+    B, Pn = input_ids.shape
+    rest, n = Pn % chunk, Pn // chunk
+
+    def step(cache, ids, mask):
+        hidden, cache = model.hidden_states(ids, attention_mask=mask, cache=cache, last_only=True)
+        return hidden, _constrain_cache(cache, mesh)
+
+    if rest:
+        _, cache = step(cache, input_ids[:, :rest], attention_mask[:, :rest])
+    if n == 1:
+        return step(cache, input_ids[:, rest:], attention_mask[:, rest:])
+    chunks = lambda x: x[:, rest:].reshape(B, n, chunk).swapaxes(0, 1)  # noqa: E731  [n, B, C]
+
+    def body(carry, xs):
+        hidden, cache = step(carry[1], *xs)
+        return (hidden, cache), None
+
+    hidden0 = jnp.zeros((B, 1, model.config.hidden_size), model.dtype)
+    (hidden, cache), _ = jax.lax.scan(body, (hidden0, cache),
+                                      (chunks(input_ids), chunks(attention_mask)))
+    return hidden, cache
+
+
 def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphdef,
                     static: _Static):
     """The decode loop on device: one `lax.while_loop` step per token until every row has an eos
-    or n_new (int32 [] <= N) tokens. carry: `_prefill_program`'s output. Returns
-    tokens int32 [B, N], logprobs and model_logprobs float32 [B, N], lengths int32 [B] (tokens
-    of each row up to and including its first eos, at most n_new)."""
+    or n_new (int32 [] <= N) tokens. carry: `_prefill_program`'s output (donated: the loop
+    updates the KV cache in place instead of copying it). Returns the loop's final carry, of
+    which the caller reads (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]) and
+    lengths int32 [B] (tokens of each row up to and including its first eos, at most n_new);
+    returning all of it lets every donated buffer alias an output."""
     model = _sampling_model(graphdef, state, static)
 
     def cond(carry):
@@ -290,8 +348,7 @@ def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphde
         buffers, lengths, done = _record(i, token, lp, mlp, done, buffers, lengths, eos_ids)
         return i + 1, token, cache, done, buffers, lengths, rng
 
-    _, _, _, _, (toks, lps, mlps), lengths, _ = jax.lax.while_loop(cond, body, carry)
-    return toks, lps, mlps, lengths
+    return jax.lax.while_loop(cond, body, carry)
 
 
 # --------------------------------------------------------------------------- host: buckets
@@ -312,6 +369,51 @@ def new_tokens_bucket(n: int) -> int:
     return bucket(n, MIN_NEW_BUCKET)
 
 
+def prefill_chunk_size(requested: int, rows: int, heads: int, prompt_slots: int) -> int:
+    """Query tokens per chunk of the einsum prefill, in [1, prompt_slots] (prompt_slots = one
+    chunk, the whole prompt in one forward).
+
+    requested: 0 = one chunk; n > 0 = n tokens (at most prompt_slots); AUTO_CHUNK (-1) = the
+    largest power of two C whose float32 scores of one layer on one device,
+    rows x heads x C x prompt_slots x 4 bytes, stay within PREFILL_SCORE_BYTES (256 MiB), but at
+    least MIN_PREFILL_CHUNK (64) and at most prompt_slots. rows: batch rows per device; heads:
+    query heads (H). E.g. 16 rows x 4 heads x 4096 slots: C = 256; 16 x 4 x 1024: one chunk;
+    64 x 12 x 4096 (the paper's 128 prompts on 2 devices): 64 (the floor; 768 MiB of scores).
+    """
+    if not isinstance(requested, (int, np.integer)) or isinstance(requested, bool) \
+            or requested < AUTO_CHUNK:
+        raise ValueError(f"prefill_chunk must be an int >= -1 (-1 = auto, 0 = the whole prompt "
+                         f"in one chunk, n > 0 = n tokens per chunk), got {requested!r}")
+    if requested == 0:
+        return prompt_slots
+    if requested > 0:
+        return min(int(requested), prompt_slots)
+    per_token = max(rows, 1) * heads * prompt_slots * 4          # bytes of one query row
+    chunk = 1 << max(0, (PREFILL_SCORE_BYTES // per_token).bit_length() - 1) \
+        if PREFILL_SCORE_BYTES >= per_token else 1
+    return min(max(chunk, MIN_PREFILL_CHUNK), prompt_slots)
+
+
+def prefill_path(model) -> str:
+    """The attention path of the sampler's prefill: `resolve_attention` of the model's
+    `attention` option ('einsum': left-padded prompts in chunks; any other: right-padded prompts
+    through `fused_attention` in one forward)."""
+    return resolve_attention(model.attention, model.dtype, model.config.head_size)
+
+
+def right_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
+    """prompts -> (input_ids int32 [batch, length], attention_mask bool [batch, length],
+    row_valid bool [batch]); each prompt left-aligned (slots 0..len-1), dummy rows all padding."""
+    ids = np.full((batch, length), PAD_ID, np.int32)
+    mask = np.zeros((batch, length), bool)
+    for r, p in enumerate(prompts):
+        ids[r, :len(p)] = p
+        mask[r, :len(p)] = True
+    valid = np.zeros((batch,), bool)
+    valid[:len(prompts)] = True
+    return ids, mask, valid
+
+
 def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
     """prompts -> (input_ids int32 [batch, length], attention_mask bool [batch, length],
     row_valid bool [batch]); each prompt right-aligned, dummy rows all padding."""
@@ -326,7 +428,8 @@ def left_pad(prompts: Sequence[Sequence[int]], batch: int, length: int):
 
 
 # --------------------------------------------------------------------------- host: checks
-def _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k):
+def _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k, prefill_chunk=0):
+    prefill_chunk_size(prefill_chunk, 1, 1, 1)  # raises on a bad value
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if not temperature >= 0:
@@ -410,6 +513,15 @@ def _decode_args(args, carry):
     return state, carry, eos, temperature, top_p, n_new
 
 
+def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chunk: int) -> dict:
+    """_Static's prefill fields: the path (`prefill_path`) and, on the einsum path, the chunk
+    (`prefill_chunk_size`; 0 on a fused path, where it is unused)."""
+    path = prefill_path(model)
+    chunk = 0 if path != "einsum" else prefill_chunk_size(
+        prefill_chunk, rows_per_device, model.config.num_attention_heads, prompt_slots)
+    return dict(prefill_attention=path, prefill_chunk=chunk)
+
+
 class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring).
 
@@ -431,10 +543,11 @@ class Sampler:
 
     def generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 eos_token_id=None, rng=None, mesh=None) -> GenerateOutput:
+                 eos_token_id=None, rng=None, mesh=None,
+                 prefill_chunk: int = AUTO_CHUNK) -> GenerateOutput:
         """See the module-level `generate`."""
         prompts = [list(map(int, p)) for p in prompts]
-        _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k)
+        _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k, prefill_chunk)
         graphdef, state = nnx.split(model)
         mesh = mesh if mesh is not None else params_mesh(state)
         procs = _mesh_processes(mesh)
@@ -453,9 +566,11 @@ class Sampler:
             max_new=new_tokens_bucket(max_new_tokens), greedy=greedy,
             top_k=0 if greedy or top_k >= vocab else int(top_k),
             use_top_p=not greedy and top_p < 1.0, cache_dtype=jnp.dtype(model.dtype),
-            mesh=mesh, unroll_layers=self.unroll_layers)
+            mesh=mesh, unroll_layers=self.unroll_layers,
+            **_prefill_static(model, B // dp, Pn, prefill_chunk))
 
-        ids, mask, valid = left_pad(prompts, B // procs, Pn)
+        pad = left_pad if static.prefill_attention == "einsum" else right_pad
+        ids, mask, valid = pad(prompts, B // procs, Pn)
         eos = _eos_array(eos_token_id)
         scalars = (_raw_key(rng), np.float32(temperature if not greedy else 1.0),
                    np.float32(top_p), np.int32(max_new_tokens))
@@ -472,14 +587,19 @@ class Sampler:
             self._programs[key] = programs
 
         prefill, decode = programs
-        carry = prefill(*_prefill_args(args))
-        toks, lps, mlps, lengths = (local_rows(x, mesh) for x in decode(*_decode_args(args, carry)))
+        t0 = time.perf_counter()
+        carry = jax.block_until_ready(prefill(*_prefill_args(args)))
+        t1 = time.perf_counter()
+        _, _, _, _, buffers, lengths, _ = jax.block_until_ready(decode(*_decode_args(args, carry)))
+        t2 = time.perf_counter()
+        toks, lps, mlps, lengths = (local_rows(x, mesh) for x in (*buffers, lengths))
         n = len(prompts)
         return GenerateOutput(
             tokens=[toks[r, :lengths[r]].tolist() for r in range(n)],
             logprobs=[lps[r, :lengths[r]].tolist() for r in range(n)],
             model_logprobs=[mlps[r, :lengths[r]].tolist() for r in range(n)],
-            num_compiles=self.num_compiles, compile_s=compile_s)
+            num_compiles=self.num_compiles, compile_s=compile_s, prefill_s=t1 - t0,
+            decode_s=t2 - t1)
 
     @staticmethod
     def _compile(graphdef, static: _Static, args, mesh, state):
@@ -490,7 +610,8 @@ class Sampler:
             *_prefill_args(args)).compile(compiler_options=compiler_options(mesh, state, "prefill"))
         carry = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
                              prefill.out_info, prefill.output_shardings)
-        decode = jax.jit(partial(_decode_program, graphdef=graphdef, static=static)).lower(
+        decode = jax.jit(partial(_decode_program, graphdef=graphdef, static=static),
+                         donate_argnums=1).lower(
             *_decode_args(args, carry)).compile(
             compiler_options=compiler_options(mesh, state, "decode"))
         return prefill, decode
@@ -515,6 +636,46 @@ class Sampler:
         return tuple(out)
 
 
+def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new_tokens: int,
+                     mesh, cache_dtype, *, prefill_chunk: int = AUTO_CHUNK,
+                     unroll_layers: bool = True) -> dict:
+    """Compile (nothing runs) the generation programs a rollout of `rows` prompts of up to
+    `prompt_slots` tokens and `max_new_tokens` new ones uses, on abstract weights `abs_params`
+    (ShapeDtypeStructs with the run's shardings), sampling at temperature > 0 without top-k/top-p
+    and one eos id: for `hgpo-jax plan --sampler`.
+
+    Returns {"batch": B, "prompt_slots": P, "new_slots": N, "chunk": C (0 on a fused path),
+    "prefill_attention": the prefill path, "cache_dtype", "cache_bytes": the KV cache's bytes on
+    one device (P + N slots), "prefill", "decode": the compiled executables}.
+    """
+    model = nnx.merge(graphdef, abs_params)
+    dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
+    B, Pn, N = batch_bucket(rows, dp), prompt_bucket(prompt_slots), new_tokens_bucket(max_new_tokens)
+    static = _Static(max_new=N, greedy=False, top_k=0, use_top_p=False,
+                     cache_dtype=jnp.dtype(cache_dtype), mesh=mesh, unroll_layers=unroll_layers,
+                     **_prefill_static(model, B // dp, Pn, prefill_chunk))
+    if mesh is None:
+        batched = lambda shape: {}  # noqa: E731
+        rep = {}
+    else:
+        batched = lambda shape: {"sharding": rows_sharding(mesh, shape)}  # noqa: E731
+        rep = {"sharding": NamedSharding(mesh, P())}
+    args = (abs_params,
+            *(jax.ShapeDtypeStruct(shape, dtype, **batched(shape))
+              for shape, dtype in (((B, Pn), jnp.int32), ((B, Pn), jnp.bool_), ((B,), jnp.bool_))),
+            *(jax.ShapeDtypeStruct(shape, dtype, **rep)
+              for shape, dtype in (((1,), jnp.int32), ((2,), jnp.uint32), ((), jnp.float32),
+                                   ((), jnp.float32), ((), jnp.int32))))
+    prefill, decode = Sampler._compile(graphdef, static, args, mesh, abs_params)
+    cache_out = jax.tree.leaves((prefill.out_info[2].k, prefill.out_info[2].v))
+    cache_shardings = jax.tree.leaves((prefill.output_shardings[2].k, prefill.output_shardings[2].v))
+    cache_bytes = sum(math.prod(sh.shard_shape(o.shape)) * jnp.dtype(o.dtype).itemsize
+                      for o, sh in zip(cache_out, cache_shardings))
+    return {"batch": B, "prompt_slots": Pn, "new_slots": N, "chunk": static.prefill_chunk,
+            "prefill_attention": static.prefill_attention, "cache_dtype": static.cache_dtype,
+            "cache_bytes": cache_bytes, "prefill": prefill, "decode": decode}
+
+
 DEFAULT_SAMPLER = Sampler()
 
 
@@ -525,7 +686,8 @@ def compile_count() -> int:
 
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, eos_token_id=None,
-             rng=None, mesh=None, sampler: Sampler | None = None) -> GenerateOutput:
+             rng=None, mesh=None, sampler: Sampler | None = None,
+             prefill_chunk: int = AUTO_CHUNK) -> GenerateOutput:
     """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch.
 
     model: a Qwen2ForCausalLM. prompts: list of token-id lists (each non-empty).
@@ -539,11 +701,15 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
       shardings. The batch (padded to a multiple of data*fsdp) and the KV cache's batch dim are
       split over ("data", "fsdp").
     sampler: the compiled-program cache to use (default DEFAULT_SAMPLER).
+    prefill_chunk: query tokens per chunk of the einsum prefill (-1 = auto, 0 = the whole prompt
+      bucket at once; see `prefill_chunk_size`); unused where the prefill is fused
+      (`prefill_path`). Same tokens whatever the chunk, up to float summation order.
 
-    Returns a GenerateOutput (see there for the log-prob semantics).
+    Returns a GenerateOutput (see there for the log-prob semantics and the timings).
     Raises ValueError on an empty prompt, a prompt + max_new_tokens longer than the model's
-    max_position_embeddings, temperature < 0, top_p outside (0, 1] or top_k < 0.
+    max_position_embeddings, temperature < 0, top_p outside (0, 1], top_k < 0 or
+    prefill_chunk < -1.
     """
     return (sampler or DEFAULT_SAMPLER).generate(
         model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        eos_token_id=eos_token_id, rng=rng, mesh=mesh)
+        eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk)

@@ -29,10 +29,12 @@ from tqdm.auto import tqdm
 from hgpo_jax import distributed as dist
 from hgpo_jax.envs.registry import get_env
 from hgpo_jax.rl.advantages import compute_step_advantages
-from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows, packed_shape
+from hgpo_jax.rl.batching import (fixed_micro_weights, gather_rows, length_ladder, minibatch_indices,
+                                   pack_rows, packed_shape, take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.grouping import hierarchy_stats
 from hgpo_jax.rl.critic import CRITIC_BATCH, Critic
-from hgpo_jax.rl.ppo import LossConfig, batch_sharding, make_logprob_fn, make_train_step, ppo_batch_ndims
+from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, batch_sharding, budget_update,
+                             make_budget_train_step, make_logprob_fn, make_train_step, ppo_batch_ndims)
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -159,15 +161,20 @@ class Trainer(Run):
             self.procs = jax.process_count()
             ppo = cfg.algo.estimator == "ppo"  # token-level advantages from a critic (GAE)
             num_micro = t.mini_batch_size // t.micro_batch_size
-            self.mb_shardings = {k: batch_sharding(self.mesh, n)
-                                 for k, n in {**ppo_batch_ndims(ppo), **CRITIC_BATCH}.items()}
+            self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in
+                                 {**ppo_batch_ndims(ppo), **CRITIC_BATCH, **BUDGET_WEIGHTS}.items()}
             self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
             self.critic = Critic(cfg, self.model(), self.mesh, num_micro, t.seed) if ppo else None
             self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg), num_micro,
                                               self.mesh, self.shardings, self.opt_shardings,
                                               window=r.max_new_tokens, token_advantages=ppo)
+            self.budget = t.max_tokens_per_micro_batch  # token-budget micro-batches (0: fixed)
+            self.budget_step = make_budget_train_step(
+                self.graphdef, self.tx, build_loss_config(cfg), self.budget, self.mesh,
+                self.shardings, self.opt_shardings, window=r.max_new_tokens,
+                token_advantages=ppo) if self.budget else None
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
-                                              window=r.max_new_tokens)
+                                              window=r.max_new_tokens, token_budget=self.budget)
 
             self.env_spec = get_env(cfg.env.name)
             self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
@@ -219,7 +226,8 @@ class Trainer(Run):
         r = self.cfg.rollout
         return Policy(self.model(), self.tokenizer,
                       temperature=temperature, top_p=r.top_p, top_k=r.top_k,
-                      max_new_tokens=r.max_new_tokens, max_prompt_tokens=r.max_prompt_tokens)
+                      max_new_tokens=r.max_new_tokens, max_prompt_tokens=r.max_prompt_tokens,
+                      prefill_chunk=r.prefill_chunk)
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self) -> dict[str, float]:
@@ -307,8 +315,11 @@ class Trainer(Run):
         actor_keys = tuple(ppo_batch_ndims())
         if self.critic is None or cfg.critic.warmup_iterations <= self.iteration + 1:
             for idx in (i for batches in epochs for i in batches):
-                self.params, self.opt_state, m = self.train_step(self.params, self.opt_state,
-                                                                 minibatch(idx, actor_keys))
+                if self.budget:
+                    self.params, self.opt_state, m = self._budget_update(arrays, idx, actor_keys)
+                else:
+                    self.params, self.opt_state, m = self.train_step(self.params, self.opt_state,
+                                                                     minibatch(idx, actor_keys))
                 records.append(jax.device_get(m))
         metrics.update(_mean_metrics(records))
         metrics["train/updates"] = float(len(records))
@@ -331,9 +342,13 @@ class Trainer(Run):
         """Token log-probs of all rows [S, L] (see `_per_micro_batch`)."""
         return self._per_micro_batch(self.logprob_fn, params, arrays)
 
-    def _per_micro_batch(self, fn, params, arrays) -> np.ndarray:
+    def _per_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
         """fn(params, input_ids, attention_mask, response_mask) over all rows, `micro_batch_size`
-        rows per call (bounded memory; each process feeds its share of every call)."""
+        rows per call (bounded memory; each process feeds its share of every call), or with
+        `train.max_tokens_per_micro_batch` token-budget micro-batches (`_per_budget_micro_batch`;
+        `width`: fn's output columns when they are not the token positions)."""
+        if self.budget:
+            return self._per_budget_micro_batch(fn, params, arrays, width)
         mb = self.cfg.train.micro_batch_size // self.procs
         sh = self.mb_shardings["input_ids"]
         out = [dist.local_rows(fn(params, *(
@@ -341,6 +356,55 @@ class Trainer(Run):
             for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
             for i in range(0, arrays["input_ids"].shape[0], mb)]
         return np.concatenate(out, axis=0)
+
+    # ------------------------------------------------------------------ token-budget micro-batches
+    def _ladder(self, arrays) -> tuple[int, ...]:
+        """The padded lengths of token-budget micro-batches (`rl.batching.length_ladder`): up to
+        the longest possible row (and the packed length, should a row be longer)."""
+        r = self.cfg.rollout
+        return length_ladder(max(r.max_prompt_tokens + r.max_new_tokens,
+                                 arrays["input_ids"].shape[1]), self.cfg.train.pad_multiple)
+
+    def _budget_plan(self, lengths: np.ndarray, arrays) -> list:
+        """Token-budget micro-batches of this process's rows of `lengths` [N] (0: left out), planned
+        over every process's lengths (one allgather), so all run the same shapes."""
+        every = np.asarray(dist.allgather_json([int(x) for x in lengths]), np.int64)
+        return token_budget_micro_batches(every, self.budget, self._ladder(arrays),
+                                          shards=self.dp // self.procs)
+
+    def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
+        """fn over all rows in token-budget micro-batches, each padded only to its own length
+        (`rl.batching.token_budget_micro_batches`); the output rows back in place: [S, L] (fn's
+        [R, length] in the first columns, 0 after), or [S, width]."""
+        keys = ("input_ids", "attention_mask", "response_mask")
+        me, sh = jax.process_index(), self.mb_shardings["input_ids"]
+        S, L = arrays["input_ids"].shape
+        out = np.zeros((S, width or L), np.float32)
+        for micro in self._budget_plan(arrays["attention_mask"].sum(1), arrays):
+            rows = micro.rows[me]
+            part = take_micro({k: arrays[k] for k in keys}, rows, micro.length)
+            res = dist.local_rows(fn(params, *(dist.global_rows(part[k], sh) for k in keys)), self.mesh)
+            keep = rows >= 0
+            out[rows[keep], :res.shape[1]] = res[keep]
+        return out
+
+    def _budget_update(self, arrays, idx: np.ndarray, keys):
+        """One actor update on mini-batch rows `idx` (this process's; -1 inert) in token-budget
+        micro-batches, with the loss weights of the fixed micro-batches
+        (`rl.batching.fixed_micro_weights`): the same loss and gradient as `self.train_step`.
+        -> (params, opt_state, metrics)."""
+        local = gather_rows({k: arrays[k] for k in keys}, idx)
+        tokens = local["response_mask"].sum(1).astype(np.int64)
+        t, me = self.cfg.train, jax.process_index()
+        every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
+        token_w, agg_w = fixed_micro_weights(every, t.mini_batch_size // t.micro_batch_size,
+                                             self.cfg.algo.loss_agg)
+        local.update(token_weight=token_w[me], agg_weight=agg_w[me])
+        lengths = np.where(tokens > 0, local["attention_mask"].sum(1), 0)  # rows with a loss
+        sh = {k: self.mb_shardings[k] for k in local}
+        micros = (dist.global_tree(take_micro(local, m.rows[me], m.length), sh)
+                  for m in self._budget_plan(lengths, arrays))
+        return budget_update(self.budget_step, self.params, self.opt_state, micros)
 
     def _critic_advantages(self, batch, arrays: dict, num_rows: int) -> dict[str, float]:
         """PPO with a critic (rl/critic.py): each row's reward (its episode's total reward minus
@@ -354,7 +418,8 @@ class Trainer(Run):
         rewards = np.zeros(arrays["input_ids"].shape[0], np.float32)
         rewards[:num_rows] = [episode[traj] - a.invalid_penalty * (not ok)
                               for traj, ok in zip(batch.traj_id, batch.valid)]
-        values = self._per_micro_batch(self.critic.value_fn, self.critic.params, arrays)
+        values = self._per_micro_batch(self.critic.value_fn, self.critic.params, arrays,
+                                       width=self.cfg.rollout.max_new_tokens)
         adv, returns, metrics = self.critic.gae_fn(
             dist.global_rows(rewards, batch_sharding(self.mesh, 1)),
             dist.global_rows(values, self.mb_shardings["values"]),
