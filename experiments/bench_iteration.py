@@ -235,9 +235,9 @@ class BenchPolicy(Policy):
         self.prompt_chars.append(len(text))
         return pad_prompt(ids, self.min_prompt_tokens)
 
-    def generate(self, prompts, rng):
+    def generate(self, prompts, rng, row_ids=None):
         t0 = time.perf_counter()
-        out = super().generate(prompts, rng)
+        out = super().generate(prompts, rng, row_ids)
         self.calls.append({"wall": time.perf_counter() - t0, "compile": out.compile_s,
                            "prefill": getattr(out, "prefill_s", None),
                            "decode": getattr(out, "decode_s", None),
@@ -525,6 +525,13 @@ def main(argv=None) -> dict:
           f"{lengths['prompt_buckets']}")
     print(f"response tokens: mean {resp['mean']:.0f}, {lengths['responses_at_cap']:.0%} ran to the "
           f"cap of {r.max_new_tokens} (the others ended at an eos)")
+    steps = len(trainer.bench_policy.calls)
+    per_step = {"rollout": rollout - metrics["time/env_reset"] - sum(
+        ph.wall for ph in phases if ph.name == "sampler compile"),
+        "log-probs + update": sum(ph.wall for ph in phases if ph.name in (
+            "old log-probs", "ref log-probs", "update (train steps)"))}
+    print("per env step (compile and env reset left out): " + ", ".join(
+        f"{k} {v / max(steps, 1):.2f}s" for k, v in per_step.items()))
     print(f"update: MFU {mfu:.1%} (3 x forward FLOPs; the bound counts {factor:.0f} x)"
           if mfu is not None else "update: no train step ran")
     print(f"env steps: {env_share:.1%} of the rollout"
@@ -550,9 +557,11 @@ def main(argv=None) -> dict:
         "phases": [{**dataclasses.asdict(ph), "fraction": ph.fraction, "share": ph.wall / total}
                    for ph in phases],
         "iteration_s": total, "env_pool_start_s": pool_s, "update_mfu": mfu,
-        "env_step_share_of_rollout": env_share,
-        "compile_first_call_s": {"logprobs": trainer.logprob_fn.first_call_s,
-                                 "update": trainer.train_step.first_call_s},
+        "env_step_share_of_rollout": env_share, "env_steps_run": steps,
+        "per_env_step_s": {k: v / max(steps, 1) for k, v in per_step.items()},
+        "call_walls_s": {"generate": [c["wall"] for c in trainer.bench_policy.calls],
+                         "logprobs": [c["wall"] for c in trainer.logprob_calls],
+                         "update": [c["wall"] for c in trainer.step_calls]},
         "lengths": lengths,
         "metrics": {k: v for k, v in metrics.items() if k.split("/")[0] in (
             "time", "rollout", "perf", "success")},

@@ -88,7 +88,7 @@ class RolloutConfig:
     top_k: int = 0  # top-k sampling (0 = off)
     max_new_tokens: int = 512  # max response tokens per step
     max_prompt_tokens: int = 4096  # prompts are cut to their last tokens beyond this (left truncation)
-    prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 256 MiB), 0 = whole prompt (docs/sampling.md)
+    prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 128 MiB), 0 = whole prompt (docs/sampling.md)
 
 
 @dataclass

@@ -107,7 +107,7 @@ class ReplayPolicy:
         self.prompts.append(text)
         return [ord(c) for c in text]
 
-    def generate(self, prompts, rng):
+    def generate(self, prompts, rng, row_ids=None):
         reply = self.replies[len(self.prompts) // len(prompts) - 1]
         tokens = [[ord(c) for c in reply] for _ in prompts]
         return Out(tokens, [[-0.5] * len(t) for t in tokens])

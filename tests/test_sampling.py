@@ -457,3 +457,32 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_a_rows_samples_depend_on_its_id_not_on_the_batch():
+    """Per-row keys (`row_ids`): each prompt sampled alone, in a batch of 5 (bucket 8) or split in
+    two calls, with the same ids and rng, draws the same tokens; another id draws others. This
+    is what makes a rollout's samples independent of the process count (docs/multihost.md)."""
+    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(0))
+    rs = np.random.RandomState(3)
+    prompts = [rs.randint(1, 128, n).tolist() for n in (5, 9, 3, 12, 7)]
+    ids = [40, 3, 17, 0, 8]
+    s = Sampler()
+    kw = dict(temperature=1.0, rng=jax.random.PRNGKey(7), sampler=s)
+    together = generate(model, prompts, 12, row_ids=ids, **kw)
+    split = [generate(model, prompts[:2], 12, row_ids=ids[:2], **kw),
+             generate(model, prompts[2:], 12, row_ids=ids[2:], **kw)]
+    alone = [generate(model, [p], 12, row_ids=[i], **kw) for p, i in zip(prompts, ids)]
+    assert together.tokens == split[0].tokens + split[1].tokens
+    assert together.tokens == [a.tokens[0] for a in alone]
+    np.testing.assert_allclose(np.concatenate(together.logprobs),
+                               np.concatenate([a.logprobs[0] for a in alone]), atol=1e-5)
+    other = generate(model, prompts, 12, row_ids=[i + 100 for i in ids], **kw)
+    assert other.tokens != together.tokens
+    # without row_ids the rows are numbered by their place: the same as ids 0..n-1
+    assert generate(model, prompts, 12, **kw).tokens == generate(
+        model, prompts, 12, row_ids=list(range(5)), **kw).tokens
+    with pytest.raises(ValueError, match="row_ids"):
+        generate(model, prompts, 4, row_ids=[1, 2], **kw)

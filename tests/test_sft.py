@@ -45,7 +45,7 @@ class ExpertPolicy(Policy):
     plans: list = dataclasses.field(default_factory=list)
     t: int = 0
 
-    def generate(self, prompts, rng):
+    def generate(self, prompts, rng, row_ids=None):
         # every env of these tests runs the same number of steps, so all are active at each step
         tokens = [self.tokenizer.encode(data.response_text(plan[self.t])) for plan in self.plans]
         self.t += 1

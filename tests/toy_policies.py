@@ -41,7 +41,7 @@ class ScriptedToyPolicy(Policy):
     logprob: float = 0.0
     batch_sizes: list = dataclasses.field(default_factory=list)
 
-    def generate(self, prompts, rng):
+    def generate(self, prompts, rng, row_ids=None):
         self.batch_sizes.append(len(prompts))
         tokens = [self.tokenizer.encode(f"<think>{self.think}</think><action>"
                                         f"{toy_action(self.tokenizer.decode(p), self.pick_door)}</action>")

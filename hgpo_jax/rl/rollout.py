@@ -54,13 +54,15 @@ class Policy:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long."""
         return encode_prompt(self.tokenizer, text, self.max_prompt_tokens)
 
-    def generate(self, prompts: list[list[int]], rng):
+    def generate(self, prompts: list[list[int]], rng, row_ids=None):
+        """Sample a reply to each prompt; row_ids: each prompt's row (its env's global index),
+        which makes the samples independent of the batch and of the process count."""
         from hgpo_jax.rl.sampling import generate
 
         return generate(self.model, prompts, self.max_new_tokens, temperature=self.temperature,
                         top_p=self.top_p, top_k=self.top_k,
                         eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
-                        prefill_chunk=self.prefill_chunk)
+                        prefill_chunk=self.prefill_chunk, row_ids=row_ids)
 
 
 @dataclasses.dataclass
@@ -155,7 +157,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
-    sampling (split per step). In a multi-process run every process calls this at once for its
+    sampling (split per step; each env's replies are drawn with its global index as the row id,
+    `generate(row_ids=...)`, so they do not depend on which other envs are still running). In a multi-process run every process calls this at once for its
     own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
     of them, and generate as one batch over the mesh. spec: the env's registry entry (prompt,
     projection, training reward, score); None: ALFWorld's prompt with `intro` as its first
@@ -174,6 +177,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
                          f"{group_size} need {num_envs}")
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
+    first_env = jax.process_index() * num_envs  # global index of env 0 (equal shares per process)
     # seconds: env resets; prompt building + tokenizing; generate; reply decoding + projection;
     # env steps
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
@@ -206,7 +210,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         timing["prompts"] += time.perf_counter() - t1
         key, sub = jax.random.split(key)
         t1 = time.perf_counter()
-        out = policy.generate(prompts, sub)
+        out = policy.generate(prompts, sub, row_ids=[first_env + i for i in active])
         timing["generate"] += time.perf_counter() - t1
         t1 = time.perf_counter()
         texts = [policy.tokenizer.decode(toks) for toks in out.tokens]

@@ -57,7 +57,7 @@ MIN_PROMPT_BUCKET = 32
 MIN_NEW_BUCKET = 8
 PAD_ID = 0  # token fed in padded prompt slots (masked out, so its value never matters)
 AUTO_CHUNK = -1  # prefill_chunk: pick the chunk from PREFILL_SCORE_BYTES (prefill_chunk_size)
-PREFILL_SCORE_BYTES = 256 << 20  # auto chunk: one layer's float32 scores per device stay within
+PREFILL_SCORE_BYTES = 128 << 20  # auto chunk: one layer's float32 scores per device stay within
 MIN_PREFILL_CHUNK = 64  # auto chunk: never fewer query tokens per chunk than this
 
 
@@ -117,8 +117,8 @@ def filter_logits(logits, temperature, top_k: int = 0, top_p=1.0):
 
 
 def sample_token(logits, rng, temperature, *, greedy: bool, top_k: int = 0, top_p=1.0):
-    """One sampling step. logits [B, V]; rng a raw PRNG key; -> (token int32 [B],
-    policy log-prob [B], model log-prob [B]) in float32.
+    """One sampling step. logits [B, V]; rng a raw PRNG key, or one per row [B, 2] (see
+    `categorical`); -> (token int32 [B], policy log-prob [B], model log-prob [B]) in float32.
 
     greedy: argmax (first index on ties); both log-probs are log_softmax(logits)[token].
     Otherwise the token is drawn from softmax(filter_logits(...)) and the policy log-prob is the
@@ -139,6 +139,8 @@ def sample_token(logits, rng, temperature, *, greedy: bool, top_k: int = 0, top_
 def categorical(rng, logits):
     """Draw one token per row from softmax(logits [B, V]) -> int32 [B], by inverting the CDF
     with one uniform per row (cheaper on CPU than Gumbel-max, which needs V uniforms per row).
+    rng: one raw key (the B uniforms drawn from it together) or raw keys [B, 2], one per row (each
+    row's uniform from its own key: a row's draw then does not depend on the other rows).
 
     The inversion runs in two levels so that no vocabulary-wide cumulative sum is needed: the
     vocabulary is cut into blocks of `cdf_block_size(V)` tokens (about sqrt(V)); u ~ U[0, total)
@@ -156,11 +158,30 @@ def categorical(rng, logits):
     weights = jnp.pad(weights, ((0, 0), (0, n_blocks * block - V)))
     weights = weights.reshape(B, n_blocks, block)
     mass = jnp.sum(weights, axis=-1)                                            # [B, n_blocks]
-    u = jax.random.uniform(rng, (B,), jnp.float32) * jnp.sum(mass, axis=-1)
+    u = row_uniforms(rng, B) * jnp.sum(mass, axis=-1)
     blk, below = _invert_cdf(mass, u)
     inner = jnp.take_along_axis(weights, blk[:, None, None], axis=1)[:, 0]     # [B, block]
     tok, _ = _invert_cdf(inner, u - below)
     return blk * block + tok
+
+
+def row_uniforms(rng, rows: int):
+    """U[0, 1) float32 [rows]: from one raw key (uint32 [2]) together, or from raw keys
+    [rows, 2], one each."""
+    if rng.ndim == 2:
+        return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(rng)
+    return jax.random.uniform(rng, (rows,), jnp.float32)
+
+
+def row_keys(rng, row_ids):
+    """A raw key (uint32 [2]) and the rows' ids int32 [B] -> raw keys uint32 [B, 2], row r's
+    `fold_in(rng, row_ids[r])`: a row's samples depend on its id, never on its place in a batch."""
+    return jax.vmap(lambda r: jax.random.fold_in(rng, r))(row_ids)
+
+
+def token_keys(keys, step):
+    """Row keys [B, 2] and the index of the new token (int32 []) -> that token's keys [B, 2]."""
+    return jax.vmap(lambda k: jax.random.fold_in(k, step))(keys)
 
 
 def cdf_block_size(vocab: int) -> int:
@@ -258,15 +279,18 @@ def _record(i, token, lp, mlp, done, buffers, lengths, eos_ids):
     return buffers, lengths + active.astype(jnp.int32), done | (active & is_eos)
 
 
-def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, temperature,
-                     top_p, *, graphdef, static: _Static):
+def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_ids, rng,
+                     temperature, top_p, *, graphdef, static: _Static):
     """Prefill and the first token, on device.
 
     input_ids int32 [B, P], left-padded (static.prefill_attention 'einsum') or right-padded (a
     fused path); attention_mask bool [B, P]; row_valid bool [B] (False on dummy rows of the batch
-    bucket); eos_ids int32 [E]; rng raw key; temperature, top_p float32 [].
+    bucket); row_ids int32 [B] (each row's id: its keys are `row_keys(rng, row_ids)`, and new
+    token i of a row is drawn with `token_keys(keys, i)`); eos_ids int32 [E]; rng raw key;
+    temperature, top_p float32 [].
     Returns the decode loop's carry: (step 1, token [B], cache with P + N slots, done [B],
-    (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]), lengths int32 [B], rng).
+    (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]), lengths int32 [B],
+    row keys uint32 [B, 2]).
     """
     model = _sampling_model(graphdef, state, static)
     B, Pn = input_ids.shape
@@ -283,13 +307,14 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, eos_ids, rng, 
         hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
                                             last_only=True, right_padded=True)
         cache = _constrain_cache(cache, static.mesh)
-    rng, key = jax.random.split(rng)
-    token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), key, temperature, top_p, static)
+    keys = row_keys(rng, row_ids)
+    token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), token_keys(keys, 0), temperature,
+                                  top_p, static)
     buffers = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32),
                jnp.zeros((B, N), jnp.float32))
     buffers, lengths, done = _record(0, token, lp, mlp, ~row_valid, buffers,
                                      jnp.zeros((B,), jnp.int32), eos_ids)
-    return jnp.int32(1), token, cache, done, buffers, lengths, rng
+    return jnp.int32(1), token, cache, done, buffers, lengths, keys
 
 
 def _chunked_prefill(model, input_ids, attention_mask, cache: KVCache, chunk: int, mesh):
@@ -339,14 +364,14 @@ def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphde
         return (i < n_new) & ~jnp.all(done)
 
     def body(carry):
-        i, prev, cache, done, buffers, lengths, rng = carry
+        i, prev, cache, done, buffers, lengths, keys = carry
         # finished rows feed a masked token: they write nothing the other rows could see
         hidden, cache = model.hidden_states(prev[:, None], attention_mask=~done[:, None],
                                             cache=cache)
-        rng, key = jax.random.split(rng)
-        token, lp, mlp = _sample_step(model.logits(hidden[:, 0]), key, temperature, top_p, static)
+        token, lp, mlp = _sample_step(model.logits(hidden[:, 0]), token_keys(keys, i),
+                                      temperature, top_p, static)
         buffers, lengths, done = _record(i, token, lp, mlp, done, buffers, lengths, eos_ids)
-        return i + 1, token, cache, done, buffers, lengths, rng
+        return i + 1, token, cache, done, buffers, lengths, keys
 
     return jax.lax.while_loop(cond, body, carry)
 
@@ -375,9 +400,9 @@ def prefill_chunk_size(requested: int, rows: int, heads: int, prompt_slots: int)
 
     requested: 0 = one chunk; n > 0 = n tokens (at most prompt_slots); AUTO_CHUNK (-1) = the
     largest power of two C whose float32 scores of one layer on one device,
-    rows x heads x C x prompt_slots x 4 bytes, stay within PREFILL_SCORE_BYTES (256 MiB), but at
+    rows x heads x C x prompt_slots x 4 bytes, stay within PREFILL_SCORE_BYTES (128 MiB), but at
     least MIN_PREFILL_CHUNK (64) and at most prompt_slots. rows: batch rows per device; heads:
-    query heads (H). E.g. 16 rows x 4 heads x 4096 slots: C = 256; 16 x 4 x 1024: one chunk;
+    query heads (H). E.g. 16 rows x 4 heads x 4096 slots: C = 128; 16 x 4 x 1024: 512;
     64 x 12 x 4096 (the paper's 128 prompts on 2 devices): 64 (the floor; 768 MiB of scores).
     """
     if not isinstance(requested, (int, np.integer)) or isinstance(requested, bool) \
@@ -494,6 +519,22 @@ def _mesh_processes(mesh) -> int:
     return len({d.process_index for d in mesh.devices.flat})
 
 
+def _row_ids(row_ids, n: int, rows: int, procs: int) -> np.ndarray:
+    """This process's block of the batch's row ids, int32 [rows]: `row_ids` (one per prompt) or,
+    without them, the prompts' places in the global batch; dummy rows get -1 (their draws are
+    never kept)."""
+    out = np.full((rows,), -1, np.int32)
+    if row_ids is None:
+        first = jax.process_index() * rows if procs > 1 else 0
+        out[:n] = np.arange(first, first + n)
+        return out
+    ids = np.asarray(row_ids)
+    if ids.shape != (n,) or not np.issubdtype(ids.dtype, np.integer) or (n and ids.min() < 0):
+        raise ValueError(f"row_ids must hold one integer >= 0 per prompt ({n}), got {row_ids!r}")
+    out[:n] = ids
+    return out
+
+
 def _state_signature(state) -> tuple:
     leaves, treedef = jax.tree.flatten(state)
     return treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves)
@@ -501,15 +542,15 @@ def _state_signature(state) -> tuple:
 
 # --------------------------------------------------------------------------- host: the sampler
 def _prefill_args(args):
-    """generate's placed args (state, ids, mask, valid, eos, rng, temperature, top_p, n_new) ->
-    `_prefill_program`'s (all but n_new)."""
+    """generate's placed args (state, ids, mask, valid, row_ids, eos, rng, temperature, top_p,
+    n_new) -> `_prefill_program`'s (all but n_new)."""
     return args[:-1]
 
 
 def _decode_args(args, carry):
     """generate's placed args and the prefill's carry -> `_decode_program`'s (state, carry, eos,
     temperature, top_p, n_new)."""
-    state, _, _, _, eos, _, temperature, top_p, n_new = args
+    state, _, _, _, _, eos, _, temperature, top_p, n_new = args
     return state, carry, eos, temperature, top_p, n_new
 
 
@@ -544,7 +585,7 @@ class Sampler:
     def generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  eos_token_id=None, rng=None, mesh=None,
-                 prefill_chunk: int = AUTO_CHUNK) -> GenerateOutput:
+                 prefill_chunk: int = AUTO_CHUNK, row_ids=None) -> GenerateOutput:
         """See the module-level `generate`."""
         prompts = [list(map(int, p)) for p in prompts]
         _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k, prefill_chunk)
@@ -571,10 +612,11 @@ class Sampler:
 
         pad = left_pad if static.prefill_attention == "einsum" else right_pad
         ids, mask, valid = pad(prompts, B // procs, Pn)
+        ids_of_rows = _row_ids(row_ids, len(prompts), B // procs, procs)
         eos = _eos_array(eos_token_id)
         scalars = (_raw_key(rng), np.float32(temperature if not greedy else 1.0),
                    np.float32(top_p), np.int32(max_new_tokens))
-        args = (state, *self._place((ids, mask, valid), (eos, *scalars), mesh, state))
+        args = (state, *self._place((ids, mask, valid, ids_of_rows), (eos, *scalars), mesh, state))
 
         key = (graphdef, _state_signature(state), (B, Pn), eos.shape, static)
         programs = self._programs.get(key)
@@ -662,7 +704,8 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
         rep = {"sharding": NamedSharding(mesh, P())}
     args = (abs_params,
             *(jax.ShapeDtypeStruct(shape, dtype, **batched(shape))
-              for shape, dtype in (((B, Pn), jnp.int32), ((B, Pn), jnp.bool_), ((B,), jnp.bool_))),
+              for shape, dtype in (((B, Pn), jnp.int32), ((B, Pn), jnp.bool_), ((B,), jnp.bool_),
+                                   ((B,), jnp.int32))),
             *(jax.ShapeDtypeStruct(shape, dtype, **rep)
               for shape, dtype in (((1,), jnp.int32), ((2,), jnp.uint32), ((), jnp.float32),
                                    ((), jnp.float32), ((), jnp.int32))))
@@ -687,7 +730,7 @@ def compile_count() -> int:
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, eos_token_id=None,
              rng=None, mesh=None, sampler: Sampler | None = None,
-             prefill_chunk: int = AUTO_CHUNK) -> GenerateOutput:
+             prefill_chunk: int = AUTO_CHUNK, row_ids=None) -> GenerateOutput:
     """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch.
 
     model: a Qwen2ForCausalLM. prompts: list of token-id lists (each non-empty).
@@ -697,6 +740,10 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     eos_token_id: None, an int or a list of ints; a row stops after its first eos (kept).
     rng: a jax PRNG key (raw uint32[2] or typed) or an int seed; None = seed DEFAULT_SEED (0), so
       calls without an rng repeat the same samples: pass a fresh key per call when sampling.
+    row_ids: one integer >= 0 per prompt naming its row (a rollout passes each env's global
+      index). Row r's k-th new token is drawn with fold_in(fold_in(rng, row_ids[r]), k), so a
+      row's samples do not depend on the other rows, the batch bucket or how the rows are split
+      over processes. None: the prompts' places in the global batch (0..n-1 on one process).
     mesh: the (data, fsdp, tensor) mesh the params live on; default: found from the params'
       shardings. The batch (padded to a multiple of data*fsdp) and the KV cache's batch dim are
       split over ("data", "fsdp").
@@ -712,4 +759,5 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     """
     return (sampler or DEFAULT_SAMPLER).generate(
         model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk)
+        eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk,
+        row_ids=row_ids)
