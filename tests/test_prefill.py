@@ -272,3 +272,28 @@ def test_policy_passes_prefill_chunk_to_the_sampler(monkeypatch):
     assert Policy(None, Tok(), prefill_chunk=128).generate([[1, 2]], rng=0) == "out"
     assert seen["prefill_chunk"] == 128
     assert Policy(None, Tok()).prefill_chunk == -1
+
+
+def test_fused_prefill_in_row_groups_equals_one_forward_and_einsum(monkeypatch):
+    """The fused prefill (attention='xla' here; cuDNN/splash on GPU/TPU) split into 1, 4 or 8
+    forwards of interleaved rows gives the einsum path's greedy tokens, for both layer layouts."""
+    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    rs = np.random.RandomState(0)
+    prompts = [rs.randint(1, 128, n).tolist() for n in (50, 120, 7, 90, 128, 33, 64, 100)]
+    for scan in (False, True):
+        ref = generate(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan,
+                                        attention="einsum"), prompts, 10, temperature=0,
+                       sampler=Sampler())
+        fused = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan, attention="xla")
+        for budget, groups in ((1 << 15, 1), (256, 4), (128, 8)):
+            monkeypatch.setattr(sampling, "PREFILL_ROW_TOKENS", budget)
+            assert sampling.prefill_row_groups(-1, 8, 128) == groups
+            out = generate(fused, prompts, 10, temperature=0, sampler=Sampler())
+            assert out.tokens == ref.tokens, (scan, groups)
+            np.testing.assert_allclose(np.concatenate(out.logprobs),
+                                       np.concatenate(ref.logprobs), atol=1e-5)
+    assert sampling.prefill_row_groups(0, 8, 128) == 1   # prefill_chunk=0: one forward
+    monkeypatch.undo()
+    assert sampling.prefill_row_groups(-1, 128, 4096) == 16  # the paper's rollout on one device
+    assert sampling.prefill_row_groups(-1, 3, 4096 * 16) == 1  # no power of two divides 3

@@ -216,6 +216,7 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     out = {"sampler_shape": (rows, r.max_prompt_tokens, r.max_new_tokens),
            "sampler_batch": programs["batch"], "sampler_prompt_slots": programs["prompt_slots"],
            "sampler_new_slots": programs["new_slots"], "sampler_prefill_chunk": programs["chunk"],
+           "sampler_row_groups": programs["row_groups"],
            "sampler_prefill_attention": programs["prefill_attention"],
            "sampler_cache_dtype": str(programs["cache_dtype"]),
            "sampler_cache_bytes": programs["cache_bytes"], "sampler_compile_s": compile_s,
@@ -267,7 +268,8 @@ def _format_sampler(p: dict) -> list[str]:
         f"  sampler: {rows} prompts x {prompt} tokens, {new} new (batch {p['sampler_batch']} x "
         f"{p['sampler_prompt_slots']} + {p['sampler_new_slots']} slots), prefill "
         f"{p['sampler_prefill_attention']}"
-        + (f" in chunks of {chunk}" if chunk and chunk < p["sampler_prompt_slots"] else "")
+        + (f" in chunks of {chunk} tokens" if chunk and chunk < p["sampler_prompt_slots"] else "")
+        + (f" in {p['sampler_row_groups']} row groups" if p["sampler_row_groups"] > 1 else "")
         + f", cache {p['sampler_cache_dtype']} (compiled in {p['sampler_compile_s']:.1f}s)",
         "  per device during a rollout:",
         f"    resident from training {g(p['sampler_resident_bytes'])}  (params + opt state + reference"

@@ -59,6 +59,7 @@ PAD_ID = 0  # token fed in padded prompt slots (masked out, so its value never m
 AUTO_CHUNK = -1  # prefill_chunk: pick the chunk from PREFILL_SCORE_BYTES (prefill_chunk_size)
 PREFILL_SCORE_BYTES = 128 << 20  # auto chunk: one layer's float32 scores per device stay within
 MIN_PREFILL_CHUNK = 64  # auto chunk: never fewer query tokens per chunk than this
+PREFILL_ROW_TOKENS = 1 << 15  # fused prefill: prompt slots per device in one forward (row groups)
 
 
 # --------------------------------------------------------------------------- output
@@ -220,6 +221,7 @@ class _Static:
     unroll_layers: bool = True   # run a scanned model's layers unrolled (see _sampling_model)
     prefill_attention: str = "einsum"  # 'einsum': left-padded, chunked; else a fused impl, right-padded
     prefill_chunk: int = 0       # C, query tokens per prefill chunk (the einsum path; 0 = all P)
+    prefill_row_groups: int = 1  # the fused path: rows prefilled in this many forwards
 
 
 def _sampling_model(graphdef, state, static: _Static):
@@ -301,12 +303,11 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_i
         hidden, cache = _chunked_prefill(model, input_ids, attention_mask, cache,
                                          static.prefill_chunk or Pn, static.mesh)  # [B, 1, D]
         cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
-    else:  # right-padded rows, one fused forward (its attention never reads the cache, so the
+    else:  # right-padded rows, fused forwards (their attention never reads the cache, so the
         # cache has its Pn + N slots from the start: no second copy); hidden: last real tokens'
         cache = _constrain_cache(model.new_cache(B, Pn + N, static.cache_dtype), static.mesh)
-        hidden, cache = model.hidden_states(input_ids, attention_mask=attention_mask, cache=cache,
-                                            last_only=True, right_padded=True)
-        cache = _constrain_cache(cache, static.mesh)
+        hidden, cache = _fused_prefill(model, input_ids, attention_mask, cache,
+                                       static.prefill_row_groups, static.mesh)
     keys = row_keys(rng, row_ids)
     token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), token_keys(keys, 0), temperature,
                                   top_p, static)
@@ -347,6 +348,70 @@ def _chunked_prefill(model, input_ids, attention_mask, cache: KVCache, chunk: in
     (hidden, cache), _ = jax.lax.scan(body, (hidden0, cache),
                                       (chunks(input_ids), chunks(attention_mask)))
     return hidden, cache
+
+
+def _fused_prefill(model, input_ids, attention_mask, cache: KVCache, groups: int, mesh):
+    """Right-padded prompts into an empty cache of P + N slots through the fused attention path,
+    `groups` forwards of B / groups rows each (a `lax.scan`), so the activations of one forward
+    (the MLP's [rows, P, intermediate] above all) cover a group of rows, not the whole batch.
+
+    input_ids int32 [B, P], attention_mask bool [B, P] -> (hidden [B, 1, D] of each row's last
+    real token, cache). Group g holds rows g, g + groups, g + 2 groups, ... (row b = r * groups +
+    g), so on a mesh every group spans every batch shard; each group's keys and values go into a
+    cache of its own rows and are then written into its rows of `cache`.
+    """
+    def forward(ids, mask, into):
+        return model.hidden_states(ids, attention_mask=mask, cache=into, last_only=True,
+                                   right_padded=True)
+
+    if groups == 1:
+        hidden, cache = forward(input_ids, attention_mask, cache)
+        return hidden, _constrain_cache(cache, mesh)
+    B = input_ids.shape[0]
+    R = B // groups
+    pick = lambda x, g: jax.lax.dynamic_index_in_dim(  # noqa: E731  group g's rows [R, ...]
+        x.reshape(R, groups, *x.shape[1:]), g, axis=1, keepdims=False)
+    dtype = (cache.k if cache.stacked else cache.k[0]).dtype
+
+    def body(carry, g):
+        hidden, cache = carry
+        own, part = forward(pick(input_ids, g), pick(attention_mask, g),
+                            model.new_cache(R, cache.max_len, dtype))
+        hidden = _put_rows(hidden, own, g, groups, axis=0)
+        axis = 1 if cache.stacked else 0
+        put = lambda big, small: _put_rows(big, small, g, groups, axis)  # noqa: E731
+        cache = cache.replace(k=jax.tree.map(put, cache.k, part.k),
+                              v=jax.tree.map(put, cache.v, part.v),
+                              key_mask=_put_rows(cache.key_mask, part.key_mask, g, groups, 0),
+                              pos=_put_rows(cache.pos, part.pos, g, groups, axis=0),
+                              index=part.index)
+        return (hidden, _constrain_cache(cache, mesh)), None
+
+    hidden0 = jnp.zeros((B, 1, model.config.hidden_size), model.dtype)
+    (hidden, cache), _ = jax.lax.scan(body, (hidden0, cache), jnp.arange(groups))
+    return hidden, cache
+
+
+def _put_rows(big, small, g, groups: int, axis: int):
+    """Write `small` (R rows on `axis`) into rows g, g + groups, ... of `big` (R * groups rows)."""
+    shape = big.shape
+    R = shape[axis] // groups
+    split = big.reshape(*shape[:axis], R, groups, *shape[axis + 1:])
+    start = (0,) * (axis + 1) + (g,) + (0,) * (len(shape) - axis - 1)
+    update = jnp.expand_dims(small.astype(big.dtype), axis + 1)
+    return jax.lax.dynamic_update_slice(split, update, start).reshape(shape)
+
+
+def prefill_row_groups(requested: int, rows: int, prompt_slots: int) -> int:
+    """Forwards the fused prefill splits its rows into (`_fused_prefill`): 1 when `requested`
+    (the prefill_chunk setting) is 0, else the fewest (a power of two dividing `rows`, the batch
+    rows per device) that keep each forward within PREFILL_ROW_TOKENS prompt slots per device
+    (32,768: e.g. 8 rows of 4,096). The paper's 128 prompts of 4,096 on one device: 16 groups."""
+    groups = 1
+    while requested != 0 and rows // groups * prompt_slots > PREFILL_ROW_TOKENS \
+            and rows % (2 * groups) == 0:
+        groups *= 2
+    return groups
 
 
 def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphdef,
@@ -558,8 +623,11 @@ def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chun
     """_Static's prefill fields: the path (`prefill_path`) and, on the einsum path, the chunk
     (`prefill_chunk_size`; 0 on a fused path, where it is unused)."""
     path = prefill_path(model)
-    chunk = 0 if path != "einsum" else prefill_chunk_size(
-        prefill_chunk, rows_per_device, model.config.num_attention_heads, prompt_slots)
+    if path != "einsum":
+        return dict(prefill_attention=path, prefill_chunk=0, prefill_row_groups=prefill_row_groups(
+            prefill_chunk, rows_per_device, prompt_slots))
+    chunk = prefill_chunk_size(prefill_chunk, rows_per_device, model.config.num_attention_heads,
+                               prompt_slots)
     return dict(prefill_attention=path, prefill_chunk=chunk)
 
 
@@ -687,6 +755,7 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
     and one eos id: for `hgpo-jax plan --sampler`.
 
     Returns {"batch": B, "prompt_slots": P, "new_slots": N, "chunk": C (0 on a fused path),
+    "row_groups": the fused path's forwards (`prefill_row_groups`; 1 on the einsum path),
     "prefill_attention": the prefill path, "cache_dtype", "cache_bytes": the KV cache's bytes on
     one device (P + N slots), "prefill", "decode": the compiled executables}.
     """
@@ -715,6 +784,7 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
     cache_bytes = sum(math.prod(sh.shard_shape(o.shape)) * jnp.dtype(o.dtype).itemsize
                       for o, sh in zip(cache_out, cache_shardings))
     return {"batch": B, "prompt_slots": Pn, "new_slots": N, "chunk": static.prefill_chunk,
+            "row_groups": static.prefill_row_groups,
             "prefill_attention": static.prefill_attention, "cache_dtype": static.cache_dtype,
             "cache_bytes": cache_bytes, "prefill": prefill, "decode": decode}
 
