@@ -148,7 +148,8 @@ def resolve_attention(impl: str, dtype, head_size: int, platform: str | None = N
     'auto' is cuDNN where it runs (a GPU, 16-bit compute dtype, head size a multiple of 8 up to
     128), splash on a TPU (bfloat16 or float32 compute, head size a multiple of 128, the TPU lane
     width), else 'einsum'. 'splash' runs on TPU, and on CPU through Pallas's interpreter (slow: for
-    tests); on GPU it is an error. The sampler's decode (left-padded rows, a cache) takes 'einsum'.
+    tests); on GPU it is an error. The sampler's prefill takes the resolved fused path on
+    right-padded prompts (else 'einsum' in chunks); its decode (a cache) always takes 'einsum'.
     """
     if impl not in ATTENTION_IMPLS:
         usable = tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")
