@@ -224,7 +224,7 @@ class Qwen2Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_size = H, K, hd
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
-                 fused: str | None = None, last_slot=None):
+                 fused: tuple | None = None, last_slot=None):
         """x [B, T, D]; cos/sin [B, T, hd]; mask bool [B, 1, T, S].
 
         With cache_kv = (k [B, K, hd, S], v [B, K, S, hd]), the new keys and values are written
@@ -234,7 +234,8 @@ class Qwen2Attention(nnx.Module):
         each right-padded row's last real token). Returns (y [B, Tq, D], (k, v) written cache or
         None).
 
-        fused ('xla', 'cudnn', 'flash_standin', ...; see `resolve_attention`): `fused_attention`
+        fused ((impl, mesh): impl 'xla', 'cudnn', 'splash', 'flash_standin' (`resolve_attention`),
+        mesh the model's `batch_mesh`, which a Pallas kernel needs): `fused_attention`
         instead, and `mask` is then the rows' lengths int32 [B] (right-padded rows, causal). With a
         cache this is a prefill into an EMPTY cache (the caller's promise): the T tokens attend to
         each other only, and their keys/values are written at `index` for the decode. With
@@ -258,7 +259,7 @@ class Qwen2Attention(nnx.Module):
                                 visible[:, None, None, :]).transpose(0, 2, 1, 3)   # [B, 1, H, hd]
             else:
                 q = apply_rope(split(self.q_proj(x), H), cos, sin, heads_first=False)
-                out = fused_attention(q, k, v, mask, fused)                          # [B, T, H, hd]
+                out = fused_attention(q, k, v, mask, *fused)                         # [B, T, H, hd]
             return self.o_proj(out.reshape(B, -1, H * hd)), new_kv
         heads_first = lambda y, n: y.reshape(B, y.shape[1], n, hd).transpose(0, 2, 1, 3)  # noqa: E731
         k = apply_rope(heads_first(self.k_proj(x), K), cos, sin)                  # [B, K, T, hd]
@@ -460,7 +461,7 @@ class Qwen2ForCausalLM(nnx.Module):
         if (right_padded and cache is not None) or (
                 cache is None and not last_only and (right_padded or attention_mask is None)):
             fused = resolve_attention(self.attention, self.dtype, self.config.head_size)
-            fused = None if fused == "einsum" else fused
+            fused = None if fused == "einsum" else (fused, self.batch_mesh)
         if right_padded and cache is not None and last_only:
             last_slot = jnp.maximum(new_mask.sum(axis=1) - 1, 0).astype(jnp.int32)  # [B]
         if fused is not None:  # the rows' lengths stand for the mask (at least 1: finite rows)
