@@ -28,9 +28,11 @@ Phases (wall seconds; a device phase's compile is its own row):
 - prefill, decode: `GenerateOutput.prefill_s` / `decode_s` summed over the rollout's generate
   calls (one "generate" row when the sampler does not report them); sampler compile: `compile_s`;
 - advantages: the trainer's `time/advantages` (incl. the oracle diagnostics);
-- old / ref log-probs: the calls of the trainer's log-prob function (blocking; the first call's
-  compile measured apart by compiling it ahead of time); packing: the rest of `time/logprobs`;
-- update: the calls of the trainer's train step (the same way); update other: the rest.
+- old / ref log-probs: the calls of the trainer's log-prob function (blocking; the compile of
+  each new shape measured apart by compiling it ahead of time); packing: the rest of
+  `time/logprobs`;
+- update: the calls of the trainer's train step, or of a token-budget update's parts
+  (`train.max_tokens_per_micro_batch`), timed the same way; update other: the rest.
 Lower bounds (`--peak-flops`, `--peak-bw`; on a GPU known peaks by device name, on a CPU measured
 in this run: a matmul in the compute dtype and a large reduction):
 - prefill, log-probs, update: FLOPs / peak FLOP/s, FLOPs = 2 x matmul weights x tokens + causal
@@ -254,28 +256,31 @@ def pad_prompt(ids: list[int], min_tokens: int) -> list[int]:
 
 
 class TimedFn:
-    """A jitted function whose calls are timed to completion; its first call is compiled ahead of
-    time and that compile timed apart (the jit cache then serves the call). `record(args, wall)`
-    is called after each call with its arguments."""
+    """A jitted function whose calls are timed to completion; a call with argument shapes not
+    seen before is first compiled ahead of time, and that compile timed apart (`compile_s`, over
+    all shapes; the jit cache then serves the call). `record(args, wall)` is called after each
+    call with its arguments."""
 
     def __init__(self, fn, record):
         self.fn, self.record = fn, record
-        self.compile_s, self.first_call_s = 0.0, None
+        self.compile_s, self.seen = 0.0, set()
 
     def __call__(self, *args):
-        if self.first_call_s is None and hasattr(self.fn, "lower"):
-            self.compile_s = _seconds(lambda: self.fn.lower(*args).compile())
+        key = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
+                    for x in jax.tree.leaves(args))
+        if key not in self.seen and hasattr(self.fn, "lower"):
+            self.compile_s += _seconds(lambda: self.fn.lower(*args).compile())
+        self.seen.add(key)
         t0 = time.perf_counter()
         out = jax.block_until_ready(self.fn(*args))
         wall = time.perf_counter() - t0
-        if self.first_call_s is None:
-            self.first_call_s = wall
         self.record(args, wall)
         return out
 
 
 class BenchTrainer(Trainer):
-    """The RL trainer with its rollout policy, log-prob function and train step instrumented."""
+    """The RL trainer with its rollout policy, log-prob function and update steps instrumented
+    (the fixed micro-batch train step, or the parts of a token-budget update)."""
 
     def __init__(self, cfg, min_prompt_tokens: int = 0):
         super().__init__(cfg, progress=False)
@@ -284,6 +289,12 @@ class BenchTrainer(Trainer):
         self.logprob_calls, self.step_calls = [], []
         self.logprob_fn = TimedFn(self.logprob_fn, self._record_logprobs)
         self.train_step = TimedFn(self.train_step, self._record_step)
+        self.update_fns = [self.train_step]
+        if getattr(self, "budget_step", None) is not None:  # train.max_tokens_per_micro_batch
+            parts = {k: TimedFn(getattr(self.budget_step, k), self._record_step)
+                     for k in ("init", "accumulate", "apply")}
+            self.budget_step = self.budget_step._replace(**parts)
+            self.update_fns += list(parts.values())
 
     def policy(self, temperature: float) -> Policy:
         base = super().policy(temperature)
@@ -298,9 +309,11 @@ class BenchTrainer(Trainer):
                                    **_row_stats(attention, response)})
 
     def _record_step(self, args, wall):
-        mb = args[2]
-        self.step_calls.append({"wall": wall, **_row_stats(mb["attention_mask"],
-                                                           mb["response_mask"])})
+        mb = args[2] if len(args) > 2 else None  # a (micro-)batch, or a budget update's state
+        rows = (_row_stats(mb["attention_mask"], mb["response_mask"])
+                if isinstance(mb, dict) and "attention_mask" in mb
+                else {"lengths": [], "response": 0.0, "slots": 0})
+        self.step_calls.append({"wall": wall, **rows})
 
 
 def _row_stats(attention, response) -> dict:
@@ -329,9 +342,10 @@ class Phase:
         return self.bound / self.wall if self.bound is not None and self.wall > 0 else None
 
 
-def sampler_phases(cfg: Qwen2Config, calls: list[dict], peaks: dict, weight_bytes: float,
-                   kv_itemsize: int, max_new: int) -> list[Phase]:
-    """compile, prefill and decode rows (or one generate row) of the rollout's generate calls."""
+def sampler_phases(cfg: Qwen2Config, calls: list[dict], generate_s: float, peaks: dict,
+                   weight_bytes: float, kv_itemsize: int) -> list[Phase]:
+    """compile, prefill and decode rows (or one generate row) of the rollout's generate calls;
+    generate_s: the rollout's wall seconds in generate (the rows add up to it)."""
     split = all(c["prefill"] is not None for c in calls) and sum(
         c["prefill"] + c["decode"] for c in calls) > 0
     compile_s = sum(c["compile"] for c in calls)
@@ -358,10 +372,10 @@ def sampler_phases(cfg: Qwen2Config, calls: list[dict], peaks: dict, weight_byte
                        pf_bound, 1 - pf_tokens / pf_slots),
                  Phase("decode", sum(c["decode"] for c in calls), dec_tokens, dec_bytes.sum(), "B",
                        dec_bound, 1 - dec_tokens / max(dec_slots, 1)),
-                 Phase("generate other (host)", sum(c["wall"] - c["compile"] - c["prefill"]
-                                                    - c["decode"] for c in calls))]
+                 Phase("generate other (host)", generate_s - compile_s
+                       - sum(c["prefill"] + c["decode"] for c in calls))]
     else:  # the sampler does not report its executables apart: one phase, the bounds added
-        rows.append(Phase("generate (prefill+decode)", sum(c["wall"] - c["compile"] for c in calls),
+        rows.append(Phase("generate (prefill+decode)", generate_s - compile_s,
                           pf_tokens + dec_tokens, None, "", pf_bound + dec_bound))
     return rows
 
@@ -384,8 +398,8 @@ def iteration_table(trainer: BenchTrainer, metrics: dict, peaks: dict) -> list[P
     policy = trainer.bench_policy
     compute = jnp.dtype(trainer.cfg.model.compute_dtype).itemsize
     n_params = sum(x.size for x in jax.tree.leaves(trainer.params))
-    sampler = sampler_phases(cfg, policy.calls, peaks, n_params * compute, compute,
-                             trainer.cfg.rollout.max_new_tokens)
+    sampler = sampler_phases(cfg, policy.calls, m["time/generate"], peaks, n_params * compute,
+                             compute)
     host = ("env_reset", "prompts", "generate", "replies", "env_step")
     rollout_other = m["time/rollout"] - sum(m.get(f"time/{k}", 0.0) for k in host)
     old = [c for c in trainer.logprob_calls if not c["ref"]]
@@ -393,7 +407,7 @@ def iteration_table(trainer: BenchTrainer, metrics: dict, peaks: dict) -> list[P
     lp = trainer.logprob_fn
     factor = 4.0 if trainer.cfg.train.remat else 3.0
     update = forward_phase("update (train steps)", cfg, trainer.step_calls, peaks, factor)
-    st = trainer.train_step
+    update_compile = sum(f.compile_s for f in trainer.update_fns)
     return [Phase("env reset", m["time/env_reset"]),
             Phase("prompts (build + tokenize)", m.get("time/prompts", 0.0)),
             *sampler,
@@ -407,8 +421,8 @@ def iteration_table(trainer: BenchTrainer, metrics: dict, peaks: dict) -> list[P
             Phase("packing + log-prob other", m["time/logprobs"] - lp.compile_s
                   - sum(c["wall"] for c in trainer.logprob_calls)),
             update,
-            Phase("update compile", st.compile_s),
-            Phase("update other (batches)", m["time/update"] - st.compile_s
+            Phase("update compile", update_compile),
+            Phase("update other (batches)", m["time/update"] - update_compile
                   - sum(c["wall"] for c in trainer.step_calls))]
 
 
