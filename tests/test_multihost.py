@@ -87,18 +87,25 @@ def read(path) -> str:
         return f.read()
 
 
+def one_and_two_processes(script: str, tmp_path, name: str, suffix: str):
+    """Run `script OUT` once in 1 process with 2 devices and once as 2 processes with 1 device
+    each (at the same time); -> (the 1-process output path, the 2-process one)."""
+    one, two = tmp_path / f"one{suffix}", tmp_path / f"two{suffix}"
+    with open(tmp_path / f"{name}-single.log", "w") as log:
+        single = start([script, str(one)], log, devices=2)
+    procs, logs = start_job([script, str(two)], tmp_path, name)
+    try:
+        assert wait_all([single, *procs], timeout=240) == [0, 0, 0], \
+            "\n".join(read(p) for p in [tmp_path / f"{name}-single.log", *logs])
+    finally:
+        kill_all([single, *procs])
+    return one, two
+
+
 def test_one_train_step_on_two_processes_equals_one_process_with_two_devices(tmp_path):
     """Log-probs, loss, grad norm and updated parameters of one PPO step on the same global
     mini-batch, with the batch over `data` and with batch and weights over `fsdp`."""
-    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
-    with open(tmp_path / "single.log", "w") as log:
-        single = start([STEP_SCRIPT, str(one)], log, devices=2)
-    procs, logs = start_job([STEP_SCRIPT, str(two)], tmp_path, "step")
-    try:
-        assert wait_all([single, *procs], timeout=240) == [0, 0, 0], \
-            "\n".join(read(p) for p in [tmp_path / "single.log", *logs])
-    finally:
-        kill_all([single, *procs])
+    one, two = one_and_two_processes(STEP_SCRIPT, tmp_path, "step", ".npz")
     a, b = np.load(one), np.load(two)
     assert sorted(a.files) == sorted(b.files)
     assert sum("/param" in k for k in a.files) >= 20
@@ -284,16 +291,9 @@ def test_a_rollout_on_two_processes_samples_what_one_process_samples(tmp_path):
     on 1 process with 2 devices and on 2 processes with 1 device each, sample the same tokens
     in every env's every step, with the same log-probs (the second process's envs sit at other
     places of the batch: 4..6 of 8 rows instead of 3..5)."""
-    one, two = tmp_path / "one.json", tmp_path / "two.json"
-    with open(tmp_path / "single.log", "w") as log:
-        single = start([ROLLOUT_SCRIPT, str(one)], log, devices=2)
-    procs, logs = start_job([ROLLOUT_SCRIPT, str(two)], tmp_path, "rollout")
-    try:
-        assert wait_all([single, *procs], timeout=240) == [0, 0, 0], \
-            "\n".join(read(p) for p in [tmp_path / "single.log", *logs])
-    finally:
-        kill_all([single, *procs])
     import json
+
+    one, two = one_and_two_processes(ROLLOUT_SCRIPT, tmp_path, "rollout", ".json")
 
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert len(a) >= 6 and {r[0] for r in a} == set(range(6))     # every env stepped
