@@ -74,15 +74,196 @@ def collect(iterations: int, out: str, seed: int) -> None:
     print(f"wrote {out}")
 
 
+ACTOR_KEYS = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logp", "ref_logp")
+
+
+def iteration_rows(record: dict, vocab: int, seed: int):
+    """(prompts, responses, advantages) of one recorded iteration: random ids, the real lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, vocab, n).tolist() for n in record["prompt"]]
+    responses = [rng.integers(1, vocab, n).tolist() for n in record["response"]]
+    return prompts, responses, rng.standard_normal(len(prompts)).astype(np.float32)
+
+
+def pack(trainer, record: dict, seed: int):
+    """The iteration's rows packed as `Trainer.run_iteration` packs them (one process)."""
+    from hgpo_jax.rl.batching import pack_rows
+
+    t, r = trainer.cfg.train, trainer.cfg.rollout
+    prompts, responses, adv = iteration_rows(record, trainer.model().config.vocab_size, seed)
+    return pack_rows(prompts, responses, adv, pad_id=0, row_multiple=t.micro_batch_size,
+                     length_multiple=t.pad_multiple, max_response=r.max_new_tokens)
+
+
+def run_iteration_update(trainer, packed, seed: int) -> tuple[float, float]:
+    """(log-prob seconds, update seconds): the old and reference log-prob passes, then one epoch
+    of shuffled mini-batches, as `Trainer.run_iteration` runs them."""
+    import jax
+    import numpy as np
+
+    from hgpo_jax.rl.batching import gather_rows, minibatch_indices
+
+    t0 = time.perf_counter()
+    arrays = packed.arrays()
+    arrays["old_logp"] = trainer._logprobs(trainer.params, arrays)
+    arrays["ref_logp"] = trainer._logprobs(trainer.ref_params, arrays)
+    t1 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    for idx in minibatch_indices(packed.num_rows, trainer.cfg.train.mini_batch_size, rng):
+        if trainer.budget:
+            trainer.params, trainer.opt_state, m = trainer._budget_update(arrays, idx, ACTOR_KEYS)
+        else:
+            trainer.params, trainer.opt_state, m = trainer.train_step(
+                trainer.params, trainer.opt_state, gather_rows({k: arrays[k] for k in ACTOR_KEYS}, idx))
+        jax.device_get(m)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def padding_stats(trainer, packed, seed: int) -> dict:
+    """Positions the update's and the log-prob passes' micro-batches run over, real tokens among
+    them, and the distinct (rows, length) shapes: from the same plans the trainer makes."""
+    import numpy as np
+
+    from hgpo_jax.rl.batching import gather_rows, minibatch_indices, token_budget_micro_batches
+
+    t = trainer.cfg.train
+    arrays = packed.arrays()
+    lengths = arrays["attention_mask"].sum(1)
+    ladder, shards = trainer._ladder(arrays), trainer.dp // trainer.procs
+    out = {"update_positions": 0, "update_tokens": 0, "logprob_positions": 0,
+           "logprob_tokens": int(lengths.sum()), "update_shapes": set(), "logprob_shapes": set()}
+    S, L = arrays["input_ids"].shape
+    if trainer.budget:
+        plan = token_budget_micro_batches(lengths, trainer.budget, ladder, shards=shards)
+        out["logprob_positions"] = sum(m.rows.size * m.length for m in plan)
+        out["logprob_shapes"].update(m.shape for m in plan)
+    else:
+        out["logprob_positions"] = S * L
+        out["logprob_shapes"].add((t.micro_batch_size, L))
+    rng = np.random.default_rng(seed)
+    for idx in minibatch_indices(packed.num_rows, t.mini_batch_size, rng):
+        mb = gather_rows({k: arrays[k] for k in ("attention_mask", "response_mask")}, idx)
+        own = mb["attention_mask"].sum(1)
+        out["update_tokens"] += int(own.sum())
+        if trainer.budget:
+            plan = token_budget_micro_batches(np.where(mb["response_mask"].sum(1) > 0, own, 0),
+                                              trainer.budget, ladder, shards=shards)
+            out["update_positions"] += sum(m.rows.size * m.length for m in plan)
+            out["update_shapes"].update(m.shape for m in plan)
+        else:
+            out["update_positions"] += len(idx) * L
+            out["update_shapes"].add((t.micro_batch_size, L))
+    return out
+
+
+def bench(args) -> dict:
+    """Every variant (token budget; 0 = fixed) on every recorded iteration, interleaved: a warm-up
+    pass (compiles), then `--repeats` timed passes."""
+    import jax
+
+    from hgpo_jax.config import load_config
+    from hgpo_jax.rl.trainer import Trainer
+
+    with open(args.lengths) as f:
+        data = json.load(f)
+    records = data["iterations"][:args.iterations or None]
+    budgets = [int(b) for b in args.budgets.split(",")]
+    tmp = tempfile.TemporaryDirectory()
+    trainers = {}
+    for b in budgets:
+        cfg = load_config(CONFIG, [f"model.path={WARM_START}", f"train.run_dir={tmp.name}/b{b}",
+                                   f"mesh.data={jax.device_count()}",
+                                   f"train.max_tokens_per_micro_batch={b}", *args.set])
+        trainers[b] = Trainer(cfg, progress=False)
+    t = trainers[budgets[0]].cfg.train
+    print(f"{len(records)} iterations ({sum(len(r['prompt']) for r in records)} rows), "
+          f"mini-batch {t.mini_batch_size}, micro-batch {t.micro_batch_size}, pad {t.pad_multiple}, "
+          f"{jax.device_count()} devices; budgets {budgets}", flush=True)
+    packs = {b: [pack(tr, rec, args.seed + i) for i, rec in enumerate(records)]
+             for b, tr in trainers.items()}
+    results = {b: {"budget": b, "warmup_logprob_s": 0.0, "warmup_update_s": 0.0,
+                   "logprob_s": [], "update_s": []} for b in budgets}
+    try:
+        for rep in range(args.repeats + 1):
+            for i in range(len(records)):
+                for b, tr in trainers.items():
+                    lp, up = run_iteration_update(tr, packs[b][i], args.seed + i)
+                    res = results[b]
+                    if rep == 0:
+                        res["warmup_logprob_s"] += lp
+                        res["warmup_update_s"] += up
+                    else:
+                        if len(res["logprob_s"]) < rep:
+                            res["logprob_s"].append(0.0)
+                            res["update_s"].append(0.0)
+                        res["logprob_s"][-1] += lp
+                        res["update_s"][-1] += up
+            print(f"pass {rep} ({'warm-up' if rep == 0 else 'timed'}) done", flush=True)
+        for b, tr in trainers.items():
+            stats = [padding_stats(tr, p, args.seed + i) for i, p in enumerate(packs[b])]
+            res = results[b]
+            for k in ("update_positions", "update_tokens", "logprob_positions", "logprob_tokens"):
+                res[k] = sum(s[k] for s in stats)
+            for k in ("update_shapes", "logprob_shapes"):
+                res[k] = sorted(set().union(*(s[k] for s in stats)))
+            res["update_padding"] = 1 - res["update_tokens"] / res["update_positions"]
+            res["logprob_padding"] = 1 - res["logprob_tokens"] / res["logprob_positions"]
+    finally:
+        for tr in trainers.values():
+            tr.close()
+        tmp.cleanup()
+    return {"lengths": os.path.relpath(args.lengths, ROOT), "iterations": len(records),
+            "rows": sum(len(r["prompt"]) for r in records), "repeats": args.repeats,
+            "command": "python experiments/bench_token_budget.py " + " ".join(args.argv),
+            "results": [results[b] for b in budgets]}
+
+
+def report(out: dict) -> None:
+    import statistics
+
+    base = out["results"][0]
+    med = {r["budget"]: (statistics.median(r["logprob_s"]), statistics.median(r["update_s"]))
+           for r in out["results"]}
+    b_lp, b_up = med[base["budget"]]
+    print(f"\n{out['iterations']} iterations, {out['rows']} rows; times: median of {out['repeats']} "
+          f"timed passes (after a warm-up pass that compiles); ratios against budget {base['budget']}")
+    print(f"{'budget':>7} {'update pad':>10} {'logp pad':>9} {'shapes u/l':>10} {'logprob s':>9} "
+          f"{'update s':>9} {'total s':>8} {'ratio':>6} {'warm-up s':>9}")
+    for r in out["results"]:
+        lp, up = med[r["budget"]]
+        print(f"{r['budget']:>7} {r['update_padding']:>10.3f} {r['logprob_padding']:>9.3f} "
+              f"{len(r['update_shapes']):>4}/{len(r['logprob_shapes']):<5} {lp:>9.2f} {up:>9.2f} "
+              f"{lp + up:>8.2f} {(lp + up) / (b_lp + b_up):>6.3f} "
+              f"{r['warmup_logprob_s'] + r['warmup_update_s']:>9.1f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--collect", type=int, default=0, help="rollout iterations to record (then exit)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lengths", default=LENGTHS)
+    p.add_argument("--budgets", default="0,2176,4352,8704",
+                   help="train.max_tokens_per_micro_batch values; the first is the baseline (0: fixed)")
+    p.add_argument("--iterations", type=int, default=0, help="recorded iterations to replay (0: all)")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes after the warm-up pass")
+    p.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "token_budget",
+                                                  "bench_laptop.json"))
+    p.add_argument("--set", nargs="*", default=[], help="more config overrides (key=value)")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
+    args.argv = argv
     if args.collect:
         collect(args.collect, args.lengths, args.seed)
         return 0
+    out = bench(args)
+    report(out)
+    if args.json:
+        os.makedirs(os.path.dirname(args.json), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=list)
+        print(f"wrote {os.path.relpath(args.json, ROOT)}")
     return 0
 
 

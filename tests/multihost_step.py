@@ -3,8 +3,9 @@
     python tests/multihost_step.py OUT.npz                                    # one process
     python tests/multihost_step.py OUT.npz --coordinator localhost:PORT --num-processes 2 --process-id I
 
-For each mesh layout in LAYOUTS (batch over `data`; batch and weights over `fsdp`) it computes
-the token log-probs of the mini-batch and takes one optimizer update; process 0 writes the
+For each mesh layout in LAYOUTS (batch over `data`; batch and weights over `fsdp`; batch over
+`data` in token-budget micro-batches planned over every process's rows, as the trainer plans them)
+it computes the token log-probs of the mini-batch and takes one optimizer update; process 0 writes the
 log-probs, the step's metrics and the updated parameters (gathered whole) to OUT.npz. Every
 process builds the same global mini-batch from a fixed seed and feeds its own rows
 (`hgpo_jax.distributed.global_rows`), as the trainer does.
@@ -15,8 +16,10 @@ import sys
 
 import numpy as np
 
-LAYOUTS = {"data": (-1, 1, 1), "fsdp": (1, -1, 1)}  # name -> mesh (data, fsdp, tensor)
+LAYOUTS = {"data": (-1, 1, 1), "fsdp": (1, -1, 1),  # name -> mesh (data, fsdp, tensor)
+           "budget": (-1, 1, 1)}  # batch over `data`, token-budget micro-batches (log-probs and update)
 ROWS, LENGTH, MICRO = 8, 32, 4
+BUDGET = 48  # tokens per device: micro-batches of 1 to 6 rows per device of 8 to 32 tokens
 
 
 def minibatch(vocab: int) -> dict[str, np.ndarray]:
@@ -48,8 +51,11 @@ def main(argv=None) -> int:
     from flax import nnx
 
     from hgpo_jax.models import make_mesh
-    from hgpo_jax.rl.ppo import (PPO_BATCH, LossConfig, batch_sharding, init_opt_state,
-                                 make_logprob_fn, make_optimizer, make_train_step, param_shardings)
+    from hgpo_jax.rl.batching import length_ladder
+    from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, PPO_BATCH, LossConfig, batch_sharding, budget_update,
+                                 init_opt_state, make_budget_train_step, make_logprob_fn,
+                                 make_optimizer, make_train_step, param_shardings)
+    from hgpo_jax.rl.trainer import budget_minibatch, budget_rows_pass
     from hgpo_jax.runs import load_model
 
     procs, index = jax.process_count(), jax.process_index()
@@ -63,17 +69,30 @@ def main(argv=None) -> int:
         opt_state, opt_shardings = init_opt_state(tx, params, mesh)
         mb = minibatch(model.config.vocab_size)
         own = slice(index * ROWS // procs, (index + 1) * ROWS // procs)  # this process's rows
-        mb_sh = {k: batch_sharding(mesh, n) for k, n in PPO_BATCH.items()}
-        logp_fn = make_logprob_fn(graphdef, mesh, shardings)
-        logp = dist.local_rows(logp_fn(params, *(dist.global_rows(mb[k][own], mb_sh["input_ids"])
-                                                 for k in ("input_ids", "attention_mask", "response_mask"))),
-                               mesh)
+        mb_sh = {k: batch_sharding(mesh, n) for k, n in {**PPO_BATCH, **BUDGET_WEIGHTS}.items()}
+        budget = BUDGET if name == "budget" else 0
+        logp_fn = make_logprob_fn(graphdef, mesh, shardings, token_budget=budget)
+        ladder = length_ladder(LENGTH, 8)
+        if budget:
+            logp = budget_rows_pass(logp_fn, params, {k: v[own] for k, v in mb.items()}, budget,
+                                    ladder, 2 // procs, mb_sh["input_ids"], mesh)
+        else:
+            logp = dist.local_rows(logp_fn(params, *(dist.global_rows(mb[k][own], mb_sh["input_ids"])
+                                                     for k in ("input_ids", "attention_mask", "response_mask"))),
+                                   mesh)
         local = {k: v[own] for k, v in mb.items()}
         local["ref_logp"] = logp
         local["old_logp"] = logp - 0.1 * np.random.default_rng(1).normal(size=(ROWS, LENGTH)
                                                                           ).astype(np.float32)[own]
-        step = make_train_step(graphdef, tx, LossConfig(), ROWS // MICRO, mesh, shardings, opt_shardings)
-        params, opt_state, metrics = step(params, opt_state, dist.global_tree(local, mb_sh))
+        if budget:
+            step = make_budget_train_step(graphdef, tx, LossConfig(), budget, mesh, shardings,
+                                          opt_shardings)
+            micros = budget_minibatch(local, ROWS // MICRO, "token-mean", budget, ladder, 2 // procs, mb_sh)
+            params, opt_state, metrics = budget_update(step, params, opt_state, micros)
+        else:
+            step = make_train_step(graphdef, tx, LossConfig(), ROWS // MICRO, mesh, shardings, opt_shardings)
+            params, opt_state, metrics = step(params, opt_state,
+                                              dist.global_tree(local, {k: mb_sh[k] for k in local}))
         out[f"{name}/logp"] = dist.to_host(logp_fn(params, *(
             dist.global_rows(mb[k][own], mb_sh["input_ids"])
             for k in ("input_ids", "attention_mask", "response_mask"))))

@@ -69,7 +69,6 @@ def test_micro_batches_respect_the_budget_and_take_every_row_once(procs, shards)
             own = m.rows[p][m.rows[p] >= 0]
             assert (lengths[p, own] <= length).all()
     assert [m.length for m in plan] == sorted((m.length for m in plan), reverse=True)
-    # each process's rows ranked alike: rank i of every process sits in the same micro-batch
     with pytest.raises(ValueError, match="at least 1088"):
         token_budget_micro_batches(lengths, 1000, ladder)
 
@@ -241,20 +240,24 @@ def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
 
 
 # --------------------------------------------------------------------------- the trainer
-def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path):
-    """One toy iteration (the same rollouts) with the key off and on: the same log-probs, loss,
-    metrics and updated parameters."""
+@pytest.mark.parametrize("config", ["tiny_cpu_toy", "tiny_cpu_ppo"])
+def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path, config):
+    """One toy iteration (the same rollouts) with the key off and on: the same log-probs (and,
+    with a critic, values), loss, metrics and updated parameters."""
     out = []
     for budget in (0, 1024):
-        cfg = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/b{budget}", "env.num_workers=1",
-                                           "train.iterations=1", f"train.max_tokens_per_micro_batch={budget}",
-                                           "train.diagnostics=false"])
+        cfg = load_config(config, [f"train.run_dir={tmp_path}/b{budget}", "env.num_workers=1",
+                                   "train.iterations=1", f"train.max_tokens_per_micro_batch={budget}",
+                                   "train.diagnostics=false"])
         with Trainer(cfg, progress=False) as t:
             (m,) = t.train()
             out.append((m, jax.tree.map(np.asarray, t.params)))
     (m0, p0), (m1, p1) = out
     assert m0["rollout/steps"] == m1["rollout/steps"] > 0 and m1["train/updates"] == m0["train/updates"]
-    for k in ("train/loss", "train/pg_loss", "train/kl_loss", "train/entropy", "train/ppo_kl",
-              "train/grad_norm", "train/rollout_vs_policy_logp_gap"):
+    keys = ["train/loss", "train/pg_loss", "train/kl_loss", "train/entropy", "train/ppo_kl",
+            "train/grad_norm", "train/rollout_vs_policy_logp_gap"]
+    if config == "tiny_cpu_ppo":
+        keys += ["critic/values_mean", "critic/vf_loss", "train/mean_advantage"]
+    for k in keys:
         np.testing.assert_allclose(m1[k], m0[k], rtol=1e-4, atol=1e-7, err_msg=k)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), p1, p0)

@@ -2,6 +2,11 @@
 
 Every step of every trajectory is one training row: the prompt tokens followed by the response
 tokens, right-padded to a bucketed length L; the loss covers response tokens only.
+
+With `train.max_tokens_per_micro_batch` the update and the log-prob passes cut the rows into
+token-budget micro-batches instead (`token_budget_micro_batches`: rows of similar length
+together, each micro-batch padded to its own length on `length_ladder`), and the update weighs
+every row as the fixed micro-batches would (`fixed_micro_weights`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ here is a plain `jax.jit` with explicit shardings (the pjit style):
     logp = logprob_fn(params, input_ids, attention_mask, response_mask)  # [S, L]
     step_fn = make_train_step(graphdef, tx, loss_cfg, mesh, param_shardings, opt_shardings)
     params, opt_state, metrics = step_fn(params, opt_state, minibatch)   # one optimizer update
+    budget_step = make_budget_train_step(graphdef, tx, loss_cfg, budget, mesh, param_shardings, ...)
+    params, opt_state, metrics = budget_update(budget_step, params, opt_state, micros)  # the same
+        # update over token-budget micro-batches of any shapes (rl.batching.token_budget_micro_batches)
 
 Memory: log-probs (and, for the train step, the per-token entropies) are computed from the final
 hidden states in sequence chunks (`LOGPROB_CHUNK` tokens at a time, rematerialized in the backward
@@ -189,11 +192,13 @@ def budget_window_chunk(rows: int, length: int, window: int | None, budget: int,
     The window is cut to the row length (a response is never longer than its row, so nothing
     changes but the cost of the short micro-batches), and the chunk so that each device projects
     at most budget / BUDGET_CHUNK_DIVISOR positions on the vocabulary at a time: a micro-batch of
-    many short rows would otherwise hold rows x LOGPROB_CHUNK fp32 logits rows at once."""
+    many short rows would otherwise hold rows x LOGPROB_CHUNK fp32 logits rows at once. The chunk
+    is the largest that cuts the window into equal parts under that bound (no padded positions)."""
     window = None if window is None else min(window, length)
     per_device = max(1, rows // max(shards, 1))
     span = length if window is None else window
-    return window, max(1, min(LOGPROB_CHUNK, span, budget // BUDGET_CHUNK_DIVISOR // per_device))
+    most = max(1, min(LOGPROB_CHUNK, span, budget // BUDGET_CHUNK_DIVISOR // per_device))
+    return window, -(-span // -(-span // most))  # equal chunks: no padded positions in the last
 
 
 def batch_shards(mesh: Mesh | None) -> int:

@@ -29,8 +29,9 @@ from tqdm.auto import tqdm
 from hgpo_jax import distributed as dist
 from hgpo_jax.envs.registry import get_env
 from hgpo_jax.rl.advantages import compute_step_advantages
-from hgpo_jax.rl.batching import (fixed_micro_weights, gather_rows, length_ladder, minibatch_indices,
-                                   pack_rows, packed_shape, take_micro, token_budget_micro_batches)
+from hgpo_jax.rl.batching import (MicroBatch, fixed_micro_weights, gather_rows, length_ladder,
+                                   minibatch_indices, pack_rows, packed_shape, take_micro,
+                                   token_budget_micro_batches)
 from hgpo_jax.rl.grouping import hierarchy_stats
 from hgpo_jax.rl.critic import CRITIC_BATCH, Critic
 from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, batch_sharding, budget_update,
@@ -142,6 +143,53 @@ def _mean_metrics(records: list[dict]) -> dict[str, float]:
             sums[k] += float(v)
             counts[k] += 1
     return {k: sums[k] / counts[k] for k in sums}
+
+
+# --------------------------------------------------------------------------- token-budget micro-batches
+def budget_plan(lengths: np.ndarray, budget: int, ladder, shards: int) -> list[MicroBatch]:
+    """Token-budget micro-batches (`rl.batching.token_budget_micro_batches`) of this process's
+    rows of `lengths` [N] (0: left out), planned over every process's lengths (one allgather), so
+    that all processes run the same shapes. shards: batch shards per process."""
+    every = np.asarray(dist.allgather_json([int(x) for x in lengths]), np.int64)  # [P, N]
+    return token_budget_micro_batches(every, budget, ladder, shards=shards)
+
+
+def budget_rows_pass(fn, params, arrays: dict[str, np.ndarray], budget: int, ladder, shards: int,
+                     sharding, mesh, width: int | None = None) -> np.ndarray:
+    """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
+    [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
+    their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
+    whose output columns are not token positions (the critic's values). sharding: the rows'."""
+    keys = ("input_ids", "attention_mask", "response_mask")
+    me = jax.process_index()
+    S, L = arrays["input_ids"].shape
+    out = np.zeros((S, width or L), np.float32)
+    for micro in budget_plan(arrays["attention_mask"].sum(1), budget, ladder, shards):
+        rows = micro.rows[me]
+        part = take_micro({k: arrays[k] for k in keys}, rows, micro.length)
+        res = dist.local_rows(fn(params, *(dist.global_rows(part[k], sharding) for k in keys)), mesh)
+        keep = rows >= 0
+        out[rows[keep], :res.shape[1]] = res[keep]
+    return out
+
+
+def budget_minibatch(local: dict[str, np.ndarray], num_micro: int, agg: str, budget: int, ladder,
+                     shards: int, shardings: dict):
+    """The token-budget micro-batches of one mini-batch, device-ready, one at a time (for
+    `rl.ppo.budget_update`). local: this process's rows of the mini-batch (`gather_rows`), each
+    process the same count; every micro-batch gets the loss weights of the fixed micro-batches
+    (`rl.batching.fixed_micro_weights`: the same loss and gradient as the fixed step). Rows
+    without response tokens are left out. shardings: key -> the rows' sharding. One allgather
+    each for the token counts and the lengths."""
+    me = jax.process_index()
+    tokens = local["response_mask"].sum(1).astype(np.int64)
+    every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
+    token_w, agg_w = fixed_micro_weights(every, num_micro, agg)
+    local = dict(local, token_weight=token_w[me], agg_weight=agg_w[me])
+    lengths = np.where(tokens > 0, local["attention_mask"].sum(1), 0)
+    sh = {k: shardings[k] for k in local}
+    plan = budget_plan(lengths, budget, ladder, shards)
+    return (dist.global_tree(take_micro(local, m.rows[me], m.length), sh) for m in plan)
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -365,45 +413,20 @@ class Trainer(Run):
         return length_ladder(max(r.max_prompt_tokens + r.max_new_tokens,
                                  arrays["input_ids"].shape[1]), self.cfg.train.pad_multiple)
 
-    def _budget_plan(self, lengths: np.ndarray, arrays) -> list:
-        """Token-budget micro-batches of this process's rows of `lengths` [N] (0: left out), planned
-        over every process's lengths (one allgather), so all run the same shapes."""
-        every = np.asarray(dist.allgather_json([int(x) for x in lengths]), np.int64)
-        return token_budget_micro_batches(every, self.budget, self._ladder(arrays),
-                                          shards=self.dp // self.procs)
-
     def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
-        """fn over all rows in token-budget micro-batches, each padded only to its own length
-        (`rl.batching.token_budget_micro_batches`); the output rows back in place: [S, L] (fn's
-        [R, length] in the first columns, 0 after), or [S, width]."""
-        keys = ("input_ids", "attention_mask", "response_mask")
-        me, sh = jax.process_index(), self.mb_shardings["input_ids"]
-        S, L = arrays["input_ids"].shape
-        out = np.zeros((S, width or L), np.float32)
-        for micro in self._budget_plan(arrays["attention_mask"].sum(1), arrays):
-            rows = micro.rows[me]
-            part = take_micro({k: arrays[k] for k in keys}, rows, micro.length)
-            res = dist.local_rows(fn(params, *(dist.global_rows(part[k], sh) for k in keys)), self.mesh)
-            keep = rows >= 0
-            out[rows[keep], :res.shape[1]] = res[keep]
-        return out
+        return budget_rows_pass(fn, params, arrays, self.budget, self._ladder(arrays),
+                                self.dp // self.procs, self.mb_shardings["input_ids"], self.mesh,
+                                width)
 
     def _budget_update(self, arrays, idx: np.ndarray, keys):
         """One actor update on mini-batch rows `idx` (this process's; -1 inert) in token-budget
-        micro-batches, with the loss weights of the fixed micro-batches
-        (`rl.batching.fixed_micro_weights`): the same loss and gradient as `self.train_step`.
+        micro-batches: the same loss and gradient as `self.train_step`.
         -> (params, opt_state, metrics)."""
-        local = gather_rows({k: arrays[k] for k in keys}, idx)
-        tokens = local["response_mask"].sum(1).astype(np.int64)
-        t, me = self.cfg.train, jax.process_index()
-        every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
-        token_w, agg_w = fixed_micro_weights(every, t.mini_batch_size // t.micro_batch_size,
-                                             self.cfg.algo.loss_agg)
-        local.update(token_weight=token_w[me], agg_weight=agg_w[me])
-        lengths = np.where(tokens > 0, local["attention_mask"].sum(1), 0)  # rows with a loss
-        sh = {k: self.mb_shardings[k] for k in local}
-        micros = (dist.global_tree(take_micro(local, m.rows[me], m.length), sh)
-                  for m in self._budget_plan(lengths, arrays))
+        t = self.cfg.train
+        micros = budget_minibatch(gather_rows({k: arrays[k] for k in keys}, idx),
+                                  t.mini_batch_size // t.micro_batch_size, self.cfg.algo.loss_agg,
+                                  self.budget, self._ladder(arrays), self.dp // self.procs,
+                                  self.mb_shardings)
         return budget_update(self.budget_step, self.params, self.opt_state, micros)
 
     def _critic_advantages(self, batch, arrays: dict, num_rows: int) -> dict[str, float]:
