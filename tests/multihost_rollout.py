@@ -9,25 +9,17 @@ writes every step's row, keyed by the env's global index and the step, with the 
 and their log-probs, so a 1-process and a 2-process run can be compared row by row.
 """
 
-import argparse
 import json
 import sys
+
+import multihost_common  # tests/, the script's folder
 
 TASKS, GROUP, STEPS = 2, 3, 4  # 3 envs per process: its rows sit at 4..6 of the 8-row batch, not 3..5
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("--coordinator")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
-    args = p.parse_args(argv)
-
+    args = multihost_common.init(argv)
     from hgpo_jax import distributed as dist
-
-    dist.init_distributed(dist.DistributedArgs(args.coordinator, args.num_processes, args.process_id),
-                          heartbeat_timeout_s=20, init_timeout_s=60)
     import jax
 
     from hgpo_jax.config import load_config

@@ -11,10 +11,11 @@ process builds the same global mini-batch from a fixed seed and feeds its own ro
 (`hgpo_jax.distributed.global_rows`), as the trainer does.
 """
 
-import argparse
 import sys
 
 import numpy as np
+
+import multihost_common  # tests/, the script's folder
 
 LAYOUTS = {"data": (-1, 1, 1), "fsdp": (1, -1, 1),  # name -> mesh (data, fsdp, tensor)
            "budget": (-1, 1, 1)}  # batch over `data`, token-budget micro-batches (log-probs and update)
@@ -36,17 +37,8 @@ def minibatch(vocab: int) -> dict[str, np.ndarray]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("--coordinator")
-    p.add_argument("--num-processes", type=int)
-    p.add_argument("--process-id", type=int)
-    args = p.parse_args(argv)
-
+    args = multihost_common.init(argv)
     from hgpo_jax import distributed as dist
-
-    dist.init_distributed(dist.DistributedArgs(args.coordinator, args.num_processes, args.process_id),
-                          heartbeat_timeout_s=20, init_timeout_s=60)
     import jax
     from flax import nnx
 
