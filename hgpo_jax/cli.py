@@ -3,7 +3,7 @@
     hgpo-jax train CONFIG [key=value ...] [--resume]
         Train (CONFIG: a name from experiments/configs, or a YAML path). Metrics go to
         RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints.
-    hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N]
+    hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N] [--json]
         Success rate (overall and per task type) under eval.protocol at eval.temperature; a
         RUN_DIR evaluates its latest checkpoint (a supervised run's is logged in RUN_DIR/eval).
     hgpo-jax sft CONFIG [key=value ...] [--resume]
@@ -183,7 +183,23 @@ def cmd_eval(args) -> int:
         trainer.logger.log(trainer.iteration, results)
     for k, v in results.items():
         say(f"  {k:<60} {v:.4f}")
+    if args.json:
+        say(json.dumps(eval_json(results, splits)))
     return 0
+
+
+def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
+    """`eval --json`'s object: per split evaluated, 'score' (mean task score, None where the env
+    has none), 'success', 'episodes' and every other rate of that split by its short name (task
+    types, 'failed', 'all_std', ...). NaN becomes None (JSON has no NaN)."""
+    out = {}
+    for split in splits:
+        prefix = f"eval/{split}/"
+        rates = {k[len(prefix):]: (None if v != v else float(v)) for k, v in results.items()
+                 if k.startswith(prefix)}
+        out[split] = {"score": rates.pop("score", None), "success": rates.pop("all", None),
+                      "episodes": int(rates.pop("episodes", 0) or 0), **rates}
+    return out
 
 
 def cmd_sft(args) -> int:
@@ -287,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", help="one split instead of the config's eval.splits")
     ev.add_argument("--games", type=int, default=0,
                     help="each-once protocol: games per split (0: eval.games)")
+    ev.add_argument("--json", action="store_true",
+                    help="also print {split: {score, success, episodes, ...}} as the last line")
     ev.add_argument("--no-progress", action="store_true")
     _add_dist_flags(ev)
     ev.set_defaults(func=cmd_eval)

@@ -78,6 +78,22 @@ def test_webshop_train_and_eval_via_the_cli(tmp_path, capsys):
     assert cli_main(["eval", str(run), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "eval/test/all" in out and "eval/test/score" in out
+    # --json: the last line of stdout is one object, one entry per split, with what it printed
+    assert cli_main(["eval", str(run), "--split", "test", "--games", "3", "eval.protocol=each-once",
+                     "--json", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert list(result) == ["test"]
+    test = result["test"]
+    assert test["episodes"] == 3 and 0.0 <= test["score"] <= 1.0 and 0.0 <= test["success"] <= 1.0
+    printed = {ln.split()[0]: float(ln.split()[1]) for ln in lines[:-1] if ln.strip().startswith("eval/test/")}
+    assert printed["eval/test/score"] == pytest.approx(test["score"], abs=1e-4)
+    assert printed["eval/test/all"] == pytest.approx(test["success"], abs=1e-4)
+    # an env without a task score (the toy) reports score None
+    from hgpo_jax.cli import eval_json
+
+    assert eval_json({"eval/valid_seen/all": 0.5, "eval/valid_seen/episodes": 4.0}, ["valid_seen"]) == {
+        "valid_seen": {"score": None, "success": 0.5, "episodes": 4}}
 
 
 def test_resume_continues_exactly(tmp_path):
