@@ -9,10 +9,13 @@ import os
 import pytest
 
 from hgpo_jax.envs.prompts import Turn
-from hgpo_jax.envs.webshop import WebShopEngine, WebShopEnv, expert_actions, train_reward
+from hgpo_jax.envs.webshop import ENV_SPECS, WebShopEngine, WebShopEnv, train_reward
 from hgpo_jax.envs.webshop import prompts as wp
 from hgpo_jax.envs.webshop.data import GOLDEN_FILE, WebShopDataError, resolve_data_dir
 from hgpo_jax.envs.webshop.env import parse_action
+from hgpo_jax.envs.webshop.expert import (InstructionShopper, best_result, instruction_query,
+                                        named_options, price_limit, results_on_page, title_actions,
+                                        wanted_words)
 from hgpo_jax.envs.webshop.pages import SEP, page_text
 
 
@@ -46,7 +49,7 @@ def test_expert_episodes_replay_exactly(engine, golden, env):
         assert info["won"] and info["task_score"] == 1.0 and train_reward(reward, info) == 10.0
         # the scripted purchase used for SFT is the golden pattern
         goal = engine.goals(0)[i]
-        assert expert_actions(goal, engine.by_asin[goal["asin"]]) == [s["action"] for s in steps[1:]]
+        assert title_actions(goal, engine.by_asin[goal["asin"]]) == [s["action"] for s in steps[1:]]
 
 
 def test_contract_seed_and_goals(engine):
@@ -214,3 +217,62 @@ def test_data_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("WEBSHOP_DATA", str(tmp_path))
     with pytest.raises(WebShopDataError, match=r"\$WEBSHOP_DATA"):
         resolve_data_dir()
+
+
+def test_instruction_shopper_parses_the_instruction():
+    text = ("Find me machine wash men's dress shirts with cotton spandex, classic fit, short sleeve "
+            "with color: patina green, and size: medium, and price lower than 40.00 dollars")
+    assert instruction_query(text) == ("machine wash men's dress shirts with cotton spandex, classic "
+                                       "fit, short sleeve with color: patina green, and size: medium")
+    assert wanted_words(text) == "machine wash men's dress shirts with cotton spandex, classic fit, short sleeve"
+    assert named_options(text) == {"color": "patina green", "size": "medium"}
+    assert price_limit(text) == 40.0
+    plain = "Find me gluten free snacks, and price lower than 20.00 dollars"
+    assert instruction_query(plain) == wanted_words(plain) == "gluten free snacks"
+    assert named_options(plain) == {} and price_limit(plain) == 20.0
+
+
+def test_best_result_matches_words_within_the_price():
+    results = [("a1", "Red Wool Socks", 9.0), ("a2", "Gluten Free Snack Bars", 30.0),
+               ("a3", "Gluten Free Crackers", 12.0), ("a4", "Free Crackers", 5.0)]
+    assert best_result(results, "gluten free crackers", 20.0) == "a3"
+    assert best_result(results, "gluten free snack bars", 20.0) == "a3"  # a2 costs too much
+    assert best_result(results, "gluten free snack bars", None) == "a2"
+    assert best_result(results, "nothing shared", 1.0) == "a1"  # none affordable: all, first on a tie
+
+
+def test_instruction_shopper_acts_on_the_page_alone(engine, env):
+    """Its episodes: search the instruction's words, open a result of page 1, click the named
+    options the item offers, buy; each action follows from the observation shown."""
+    scores = []
+    for task in range(40):
+        obs, info = env.reset(task)
+        shopper, actions = InstructionShopper(), []
+        for t in range(10):
+            actions.append(shopper(obs, info, t))
+            if t == 1:  # the clicked result is one the results page showed
+                shown = [r[0] for r in results_on_page(obs, info["available_actions"]["clickables"])]
+                assert len(shown) == 10 and actions[-1][len("click["):-1] in shown
+            obs, _, done, info = env.step(actions[-1])
+            if done:
+                break
+        assert done and actions[0] == f"search[{instruction_query(info['task'])}]"
+        assert actions[-1] == "click[buy now]"
+        options = named_options(info["task"])
+        assert all(a[len("click["):-1] in options.values() for a in actions[2:-1])
+        scores.append(info["task_score"])
+    # partial scores mostly (the best-matching title is often not the target), some purchases perfect
+    assert 0.3 < sum(scores) / len(scores) < 0.8 and 1.0 in scores and max(scores) <= 1.0
+
+
+def test_record_search_episodes_for_sft():
+    from hgpo_jax.config import EnvConfig
+
+    spec = ENV_SPECS["webshop"]
+    episodes = spec.record_episodes(EnvConfig(name="webshop", max_steps=15), "train", 6, "search")
+    assert len(episodes) == 6 and all(ep.source.startswith("webshop-search:0:") for ep in episodes)
+    for ep in episodes:
+        assert ep.steps[0].action == f"search[{instruction_query(ep.task)}]"
+        assert ep.steps[-1].action == "click[buy now]"
+    with pytest.raises(ValueError, match="use expert .* or search"):
+        spec.record_episodes(EnvConfig(name="webshop"), "train", 2, "random")

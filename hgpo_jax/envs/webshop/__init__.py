@@ -39,36 +39,36 @@ def _list_tasks(env_cfg, split: str) -> list[int]:
     return list(range(TEST_GOALS)) if split == "test" else list(range(TEST_GOALS, n))
 
 
-def expert_actions(goal: dict, product) -> list[str]:
-    """The scripted purchase of a goal: search the product's title, open it, choose the goal's
-    options, look at its description, go back and buy."""
-    return ([f"search[{product.title.lower()}]", f"click[{product.asin.lower()}]"]
-            + [f"click[{v}]" for v in goal["goal_options"].values()]
-            + ["click[description]", "click[< prev]", "click[buy now]"])
-
-
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
-    """n scripted purchases that score 1, on goals spread over the split (a goal whose scripted
-    purchase scores below 1, e.g. an attribute the reward cannot find in the product's text, is
-    replaced by the next goal of the split)."""
+    """n scripted episodes on goals spread over the split (envs.webshop.expert).
+
+    kind "expert": the title shopper's purchases that score 1 (a goal whose purchase scores below
+    1, e.g. an attribute the reward cannot find in the product's text, is replaced by the next
+    goal of the split). kind "search": the instruction shopper's episodes on n goals, whatever
+    they score (they teach a procedure a policy can follow from the page alone).
+    """
     import warnings
 
+    from hgpo_jax.envs.webshop.expert import InstructionShopper, title_actions
     from hgpo_jax.sft.data import play_episode, spread
 
-    if kind != "expert":
-        raise ValueError("sft.data=random is implemented for the toy env only; use "
-                         "sft.data=expert for WebShop")
+    if kind not in ("expert", "search"):
+        raise ValueError(f"sft.data kind {kind!r} is not recorded for WebShop; use expert (the "
+                         "target's title searched) or search (the instruction's words searched)")
     env = WebShopEnv(seed=env_cfg.seed, data_dir=env_cfg.data_dir)
     tasks = _list_tasks(env_cfg, split)
     first = spread(tasks, n)
+    if kind == "search":
+        return [play_episode(env, task, InstructionShopper(), env_cfg.max_steps,
+                             source=f"webshop-search:{env_cfg.seed}:{task}") for task in first]
     chosen = set(first)
     out, skipped = [], 0
     for task in first + [t for t in tasks if t not in chosen]:
         if len(out) == n:
             break
         goal = env.engine.goal(env_cfg.seed, task)
-        plan = expert_actions(goal, env.engine.by_asin[goal["asin"]])
+        plan = title_actions(goal, env.engine.by_asin[goal["asin"]])
         ep = play_episode(env, task, lambda obs, info, t, plan=plan: plan[t], len(plan),
                           source=f"webshop:{env_cfg.seed}:{task}")
         if ep.won:
