@@ -180,6 +180,10 @@ class SftConfig:
     heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
+    # batches of turns of similar length (each padded to its own longest turn): the order is
+    # shuffled, cut into pools of 64 batches, each pool sorted by length and cut into batches,
+    # and the batches shuffled; false = every batch a uniform draw (the padding follows the longest)
+    group_by_length: bool = False
 
     def sources(self) -> list[tuple[str, int]]:
         """[(episode kind, count)] of `data` ("expert+search:800" -> [("expert", episodes),

@@ -10,7 +10,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from experiments import alfworld_laptop  # noqa: E402
+from experiments import alfworld_laptop, laptop  # noqa: E402
 
 TINY = ["--games", "2", "--search-games", "2", "--workers", "1", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
@@ -27,7 +27,7 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys, monke
     args = ["--out", str(out), "--runs", str(runs), *TINY]
     assert alfworld_laptop.main(args) == 0
     state = json.loads((out / "state.json").read_text())
-    assert list(state["done"]) == list(alfworld_laptop.STAGES)
+    assert list(state["done"]) == list(laptop.STAGES)
     experts = state["done"]["experts"]["result"]
     assert experts["expert"]["episodes"] == 2 and 1 <= experts["search"]["episodes"] <= 2
     assert any(c.startswith("hgpo-jax sft alfworld_laptop_sft") and "sft.data=expert+search:2" in c
@@ -52,9 +52,9 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys, monke
     assert (out / "dynamics.png").stat().st_size > 0
 
     # what later stages need is kept in OUT: the warm start (a transformers folder) and the logs
-    warm = out / alfworld_laptop.WARM_START
+    warm = out / laptop.WARM_START
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(warm))
-    assert {"sft", "eval_warm", "rl_hgpo_k2_s0"} <= set(os.listdir(out / alfworld_laptop.LOGS))
+    assert {"sft", "eval_warm", "rl_hgpo_k2_s0"} <= set(os.listdir(out / laptop.LOGS))
     assert any("model.path=" + str(warm) in c for c in state["commands"] if c.startswith("hgpo-jax train"))
 
     # on a fresh machine (no run folders), a second call finds every stage done and only remakes
@@ -67,22 +67,22 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys, monke
     assert (out / "results.md").read_text() == table
     assert alfworld_laptop.main([*args, "--status"]) == 0  # the same estimators x seeds
     status = capsys.readouterr().out
-    assert all(f"{stage:>10}: done" in status for stage in alfworld_laptop.STAGES[:-1])
+    assert all(f"{stage:>10}: done" in status for stage in laptop.STAGES[:-1])
 
 
 def test_two_processes_saving_state_keep_each_others_records(tmp_path):
     """Stages may run at once in two processes (a recording beside an SFT): each save merges
     into what is on disk instead of overwriting it."""
-    first, second = alfworld_laptop.load_state(str(tmp_path)), alfworld_laptop.load_state(str(tmp_path))
+    first, second = laptop.load_state(str(tmp_path)), laptop.load_state(str(tmp_path))
     first["done"]["experts"] = {"seconds": 1.0}
     first["commands"].append("hgpo-jax sft x")
-    alfworld_laptop.save_state(str(tmp_path), first)
+    laptop.save_state(str(tmp_path), first)
     done = second["done"]  # a reference held across a save (as a stage holds its records)
-    alfworld_laptop.save_state(str(tmp_path), second)
+    laptop.save_state(str(tmp_path), second)
     done["sft"] = {"seconds": 2.0}
     second["commands"].append("hgpo-jax eval y")
-    alfworld_laptop.save_state(str(tmp_path), second)
-    state = alfworld_laptop.load_state(str(tmp_path))
+    laptop.save_state(str(tmp_path), second)
+    state = laptop.load_state(str(tmp_path))
     assert state["done"] == {"experts": {"seconds": 1.0}, "sft": {"seconds": 2.0}}
     assert state["commands"] == ["hgpo-jax sft x", "hgpo-jax eval y"]
 
@@ -94,24 +94,24 @@ def test_stages_are_finished_by_what_out_keeps(tmp_path, monkeypatch):
     from argparse import Namespace
 
     out = str(tmp_path)
-    state = {"done": {s: {"seconds": 1.0} for s in alfworld_laptop.STAGES}, "commands": []}
+    state = {"done": {s: {"seconds": 1.0} for s in laptop.STAGES}, "commands": []}
     one = Namespace(stage=None, out=out, estimators=["hgpo_k2"], seeds=[0], games=2, search_games=0)
-    every = Namespace(**{**vars(one), "estimators": list(alfworld_laptop.ESTIMATORS), "seeds": [0, 1]})
+    every = Namespace(**{**vars(one), "estimators": list(laptop.ESTIMATORS), "seeds": [0, 1]})
     cache = tmp_path / "expert.jsonl"
     monkeypatch.setattr(alfworld_laptop, "expert_caches", lambda args: [str(cache)])
     # recorded done, but nothing kept (a fresh machine, an empty cache): all to do
-    assert alfworld_laptop.stages_to_run(one, state) == list(alfworld_laptop.STAGES)
+    assert alfworld_laptop.stages_to_run(one, state) == list(laptop.STAGES)
     cache.write_text("")
     assert alfworld_laptop.stages_to_run(one, state) == ["sft", "eval_warm", "rl", "report"]
     cache.unlink()
 
-    warm = tmp_path / alfworld_laptop.WARM_START
+    warm = tmp_path / laptop.WARM_START
     warm.mkdir()
     for f in ("config.json", "model.safetensors", "tokenizer.json"):
         (warm / f).write_text("x")
     for name in ("eval_warm", "rl_hgpo_k2_s0"):
-        os.makedirs(alfworld_laptop.kept_log(out, name))
-        (tmp_path / alfworld_laptop.LOGS / name / "metrics.jsonl").write_text("")
+        os.makedirs(laptop.kept_log(out, name))
+        (tmp_path / laptop.LOGS / name / "metrics.jsonl").write_text("")
     # the warm start kept: no expert episodes needed, whatever the cache holds
     assert alfworld_laptop.finished("experts", one, state) and alfworld_laptop.finished("sft", one, state)
     assert alfworld_laptop.finished("rl", one, state) and not alfworld_laptop.finished("rl", every, state)
@@ -126,4 +126,4 @@ def test_keep_log_refuses_a_run_without_metrics(tmp_path):
     import pytest
 
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
-        alfworld_laptop.keep_log(str(tmp_path / "run"), str(tmp_path / "out"), "x")
+        laptop.keep_log(str(tmp_path / "run"), str(tmp_path / "out"), "x")

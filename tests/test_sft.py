@@ -267,6 +267,48 @@ def test_sft_learns_resumes_exactly_and_exports(tmp_path):
         np.testing.assert_allclose(a, np.asarray(b), atol=1e-6)
 
 
+def test_length_grouped_order_is_a_permutation_of_similar_length_batches():
+    from hgpo_jax.sft.trainer import GROUP_POOL, length_grouped_order
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 2000, 1000)
+    order = length_grouped_order(lengths, 8, np.random.default_rng(1))
+    assert sorted(order.tolist()) == list(range(1000))
+    batches = lengths[order].reshape(-1, 8)  # 1000 = 125 batches of 8
+    # each batch is a run of one length-sorted pool: its spread is a fraction of a uniform draw's
+    spread = (batches.max(1) - batches.min(1)).mean()
+    uniform = lengths[rng.permutation(1000)].reshape(-1, 8)
+    assert spread < 0.2 * (uniform.max(1) - uniform.min(1)).mean()
+    assert not np.all(np.diff(batches.mean(1)) >= 0)  # the batches themselves are shuffled
+    # a pool is GROUP_POOL batches: lengths sorted within it, in batches of 8
+    one = length_grouped_order(lengths[:GROUP_POOL * 8], 8, np.random.default_rng(2))
+    assert sorted(lengths[one].reshape(-1, 8).tolist()) == \
+        np.sort(lengths[:GROUP_POOL * 8]).reshape(-1, 8).tolist()
+    tail = length_grouped_order(lengths[:13], 4, np.random.default_rng(3))  # a partial batch stays last
+    assert sorted(tail.tolist()) == list(range(13))
+
+
+def test_sft_group_by_length_pads_less_and_resumes_exactly(tmp_path):
+    """sft.group_by_length: fewer padded positions than uniform batches on the same turns, and a
+    stop-and-resume run equals the uninterrupted one (the grouped order is saved)."""
+    def padded(cfg):
+        with SftTrainer(cfg, progress=False) as tr:
+            return sum(tr._pack([tr.train_samples[i] for i in tr.next_indices(8)], 4)["input_ids"].size
+                       for _ in range(8))
+    extra = ("sft.group_by_length=true", "train.pad_multiple=8")
+    assert padded(sft_config(tmp_path / "g", *extra)) < padded(sft_config(tmp_path / "u", "train.pad_multiple=8"))
+    with SftTrainer(sft_config(tmp_path / "full", *extra), progress=False) as tr:
+        tr.train()
+        final = jax.tree.map(np.asarray, tr.params)
+    with SftTrainer(sft_config(tmp_path / "part", *extra, "sft.steps=2"), progress=False) as tr:
+        tr.train()
+    with SftTrainer(sft_config(tmp_path / "part", *extra), resume=True, progress=False) as tr:
+        assert tr.step == 2
+        tr.train()
+        for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(jax.tree.map(np.asarray, tr.params))):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_sft_cli_and_errors(tmp_path, capsys):
     run = tmp_path / "cli"
     assert cli_main(["sft", "toy_format", "--no-progress", f"train.run_dir={run}", "model.path=tiny",

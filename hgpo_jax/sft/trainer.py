@@ -48,6 +48,23 @@ def progress_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return "  ".join(parts + [f"{metrics.get('time/step', float('nan')):.2f}s"])
 
 
+GROUP_POOL = 64  # batches per pool of sft.group_by_length
+
+
+def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of range(len(lengths)) [N] whose consecutive runs of `batch_size` hold turns of
+    similar length: shuffled, cut into pools of GROUP_POOL batches, each pool sorted by length
+    (stable) and cut into batches, the batches shuffled (a last partial batch stays last)."""
+    order = rng.permutation(len(lengths))
+    pool = GROUP_POOL * batch_size
+    for i in range(0, len(order), pool):
+        part = order[i:i + pool]
+        order[i:i + pool] = part[np.argsort(lengths[part], kind="stable")]
+    full = len(order) // batch_size
+    batches = order[:full * batch_size].reshape(full, batch_size)[rng.permutation(full)]
+    return np.concatenate([batches.reshape(-1), order[full * batch_size:]])
+
+
 def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, dict]:
     """(train samples, held-out samples, info) for `cfg.sft`: recorded episodes of the config's
     env (held out by episode) or a JSONL file of turns (held out by turn)."""
@@ -110,6 +127,8 @@ class SftTrainer(Run):
                                  f"split over {self.procs} processes; make both multiples of {self.procs}")
             self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
             self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer, self.progress)
+            if s.group_by_length:  # the held-out NLL is a sum over turns: in length order it pads less
+                self.heldout_samples.sort(key=lambda x: len(x.prompt_ids) + len(x.response_ids))
             window = cfg.rollout.max_new_tokens  # responses are cut to it (build_samples)
             self.step_fn = make_update_step(self.graphdef, self.tx,
                                             functools.partial(nll_micro_loss, window=window),
@@ -117,7 +136,7 @@ class SftTrainer(Run):
                                             self.shardings, self.opt_shardings)
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings, window=window)
             self.np_rng = np.random.default_rng(t.seed + 1)
-            self.order = self.np_rng.permutation(len(self.train_samples))
+            self.order = self.new_order()
             self.cursor = 0
             self.step = 0
             if resume:
@@ -137,12 +156,21 @@ class SftTrainer(Run):
         self.np_rng.bit_generator.state = meta["np_rng"]
 
     # ------------------------------------------------------------------ data
+    def new_order(self) -> np.ndarray:
+        """The next pass's order of the training turns (grouped by length with
+        sft.group_by_length)."""
+        s = self.cfg.sft
+        if not s.group_by_length:
+            return self.np_rng.permutation(len(self.train_samples))
+        lengths = np.array([len(x.prompt_ids) + len(x.response_ids) for x in self.train_samples])
+        return length_grouped_order(lengths, s.batch_size, self.np_rng)
+
     def next_indices(self, n: int) -> list[int]:
         """The next n training turns of the shuffled order (reshuffled after each pass)."""
         out = []
         while len(out) < n:
             if self.cursor >= len(self.order):
-                self.order, self.cursor = self.np_rng.permutation(len(self.train_samples)), 0
+                self.order, self.cursor = self.new_order(), 0
             out.append(int(self.order[self.cursor]))
             self.cursor += 1
         return out

@@ -1,0 +1,362 @@
+"""The stage machinery of the laptop-scale studies (experiments/alfworld_laptop.py and
+experiments/webshop_laptop.py): a study is a few resumable stages run through the `hgpo-jax` CLI
+in subprocesses, with a record of every command and wall time.
+
+    stages: experts -> sft -> eval_warm -> rl -> report   (each study names its own experts and report)
+
+- OUT (committed) keeps what later stages and readers need: the exported warm start
+  (OUT/warm_start, a float32 transformers folder), each run's metrics.jsonl and config.yaml
+  under OUT/logs/<name>/ and, where the study keeps them, each RL run's final policy as
+  OUT/<run name>/. OUT/state.json records every command and each stage's wall time.
+- RUNS (not committed) holds the run folders with their checkpoints.
+A stage is finished when what it keeps is in OUT, not when a record says so: the run folders and
+caches live on one machine and a session may get a fresh one. Runs resume from their last
+checkpoint. The report is made again at every call from what OUT keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+STAGES = ("experts", "sft", "eval_warm", "rl", "report")
+ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.estimator=gigpo"],
+              "grpo": ["algo.estimator=grpo"]}
+WARM_START = "warm_start"  # OUT/warm_start: the exported warm start (transformers folder)
+LOGS = "logs"  # OUT/logs/<name>/metrics.jsonl: what the report reads of each run
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+@dataclass(frozen=True)
+class Study:
+    """What differs between studies. `experts(args, state)` and `report(args, state)` are its own
+    stages (each returns a JSON-able result); `experts_done(args)` says whether the first is
+    finished (given that the warm start is not kept yet); `sft_overrides(args)` are the extra
+    overrides of its SFT command. `keep_policies`: export every RL run's final policy to
+    OUT/<run name> (a float32 transformers folder)."""
+
+    name: str
+    sft_config: str
+    rl_config: str
+    experts: Callable
+    report: Callable
+    experts_done: Callable = lambda args: True
+    sft_overrides: Callable = lambda args: []
+    keep_policies: bool = False
+    add_arguments: Callable = lambda parser: None
+    defaults: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------- state
+def load_state(out: str) -> dict:
+    path = os.path.join(out, "state.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    return {"done": {}, "commands": []}
+
+
+def save_state(out: str, state: dict) -> None:
+    """Write `state` merged into what is on disk (atomically): two stages run at once in separate
+    processes (say, recording beside an SFT) each keep what the other recorded. Dict entries
+    are merged key by key (this process's win), commands appended once. `state` is updated in
+    place, its dicts included, so references into it stay live."""
+    disk = load_state(out)
+    for key, value in disk.items():
+        mine = state.get(key)
+        if mine is None:
+            state[key] = value
+        elif isinstance(value, dict) and isinstance(mine, dict):
+            merged = {**value, **mine}
+            mine.clear()
+            mine.update(merged)
+        elif key == "commands":
+            mine[:] = value + [c for c in mine if c not in value]
+    os.makedirs(out, exist_ok=True)
+    tmp = os.path.join(out, f"state.json.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, os.path.join(out, "state.json"))
+
+
+# ----------------------------------------------------------------------------------- kept
+def warm_start_dir(out: str) -> str:
+    return os.path.join(out, WARM_START)
+
+
+def is_model_folder(folder: str) -> bool:
+    return all(os.path.isfile(os.path.join(folder, f)) for f in MODEL_FILES)
+
+
+def has_warm_start(out: str) -> bool:
+    return is_model_folder(warm_start_dir(out))
+
+
+def kept_log(out: str, name: str) -> str:
+    """The folder under OUT that keeps run `name`'s metrics.jsonl (experiments/plot.py reads it)."""
+    return os.path.join(out, LOGS, name)
+
+
+def has_log(out: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(kept_log(out, name), "metrics.jsonl"))
+
+
+def keep_log(run_dir: str, out: str, name: str) -> str:
+    """Copy `run_dir`'s metrics.jsonl (and config.yaml) into OUT/logs/<name>/, atomically."""
+    dest = kept_log(out, name)
+    os.makedirs(dest, exist_ok=True)
+    for f in ("config.yaml", "metrics.jsonl"):  # metrics last: its presence marks the log kept
+        if os.path.isfile(os.path.join(run_dir, f)):
+            tmp = os.path.join(dest, f"{f}.tmp{os.getpid()}")
+            shutil.copyfile(os.path.join(run_dir, f), tmp)
+            os.replace(tmp, os.path.join(dest, f))
+    if not has_log(out, name):
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl to keep: did its command finish?")
+    return dest
+
+
+# ----------------------------------------------------------------------------------- commands
+def cli_env(devices: int) -> dict:
+    """The subprocess environment: `devices` CPU devices for the data-parallel mesh."""
+    env = dict(os.environ)
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_force_host_platform_device_count")) + " " + flag
+    return env
+
+
+def run_cli(args, argv: list[str], state: dict) -> float:
+    """`hgpo-jax ARGV` in a subprocess (output streams through); its command is recorded in the
+    state and its wall time returned."""
+    state["commands"].append(" ".join(["hgpo-jax", *argv]))
+    save_state(args.out, state)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "hgpo_jax.cli", *argv, "--no-progress"], check=True,
+                   cwd=ROOT, env=cli_env(args.devices))
+    return time.perf_counter() - t0
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    return os.path.isdir(os.path.join(run_dir, "checkpoints")) and bool(
+        os.listdir(os.path.join(run_dir, "checkpoints")))
+
+
+# ----------------------------------------------------------------------------------- stages
+def stage_sft(study: Study, args, state: dict) -> dict:
+    """Train the warm start (resuming from its last checkpoint), then export it to OUT/warm_start."""
+    run = os.path.join(args.runs, "sft")
+    argv = ["sft", study.sft_config, f"train.run_dir={run}", f"mesh.data={args.devices}",
+            *study.sft_overrides(args), *args.set_sft]
+    seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+    seconds += run_cli(args, ["export", run, warm_start_dir(args.out), "--overwrite"], state)
+    keep_log(run, args.out, "sft")
+    return {"run": run, "warm_start": warm_start_dir(args.out), "seconds_this_sitting": seconds}
+
+
+def rl_runs(args) -> dict[str, list[str]]:
+    """{run name: overrides} of every RL run: each estimator x seed."""
+    return {f"{est}_s{seed}": [*ESTIMATORS[est], f"train.seed={seed}"]
+            for est in args.estimators for seed in args.seeds}
+
+
+def stage_eval_warm(study: Study, args, state: dict) -> dict:
+    """The kept warm start evaluated (the SFT config's eval section; its run folder only logs)."""
+    run = os.path.join(args.runs, "eval_warm")
+    argv = ["eval", study.sft_config, *args.set_sft, f"model.path={warm_start_dir(args.out)}",
+            f"train.run_dir={run}", f"mesh.data={args.devices}", *args.set_eval]
+    seconds = run_cli(args, argv, state)
+    keep_log(run, args.out, "eval_warm")
+    return {"seconds": seconds}
+
+
+def rl_done(study: Study, args, name: str) -> bool:
+    return has_log(args.out, f"rl_{name}") and (
+        not study.keep_policies or is_model_folder(os.path.join(args.out, name)))
+
+
+def stage_rl(study: Study, args, state: dict) -> dict:
+    """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint),
+    evaluated, its metrics kept as OUT/logs/rl_<name> (and its final policy as OUT/<name>)."""
+    for name, overrides in rl_runs(args).items():
+        if rl_done(study, args, name):
+            continue
+        run = os.path.join(args.runs, f"rl_{name}")
+        argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
+                f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
+        train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+        eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)
+        if study.keep_policies:
+            run_cli(args, ["export", run, os.path.join(args.out, name), "--overwrite"], state)
+        keep_log(run, args.out, f"rl_{name}")
+        state.setdefault("rl_runs", {})[name] = {"run": run, "seconds": train_s, "eval_seconds": eval_s}
+        save_state(args.out, state)
+    return {"runs": sorted(n for n in rl_runs(args) if rl_done(study, args, n))}
+
+
+def finished(study: Study, stage: str, args, state: dict) -> bool:
+    """Whether `stage`'s outputs are there: the experts' (not needed once the warm start is
+    kept), the kept warm start, the kept logs of the warm start's evaluation and of every RL run
+    of this invocation's estimators x seeds. The report is never finished (it is cheap and is
+    made again from whatever is kept)."""
+    if stage == "experts":
+        return has_warm_start(args.out) or study.experts_done(args)
+    if stage == "sft":
+        return has_warm_start(args.out)
+    if stage == "eval_warm":
+        return has_log(args.out, "eval_warm")
+    if stage == "rl":
+        return all(rl_done(study, args, name) for name in rl_runs(args))
+    return False
+
+
+def stages_to_run(study: Study, args, state: dict) -> list[str]:
+    """`--stage` alone, or every stage not finished yet, in order (the report always)."""
+    if args.stage:
+        return [args.stage]
+    return [s for s in STAGES if not finished(study, s, args, state)]
+
+
+def stage_func(study: Study, stage: str) -> Callable:
+    return {"experts": study.experts, "report": study.report,
+            "sft": lambda a, s: stage_sft(study, a, s), "eval_warm": lambda a, s: stage_eval_warm(study, a, s),
+            "rl": lambda a, s: stage_rl(study, a, s)}[stage]
+
+
+def parse_args(study: Study, doc: str, argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--stage", choices=STAGES, default=None, help="run one stage only")
+    parser.add_argument("--status", action="store_true", help="print what is done and exit")
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", study.name),
+                        help="results and what later stages need (committed)")
+    parser.add_argument("--runs", default=os.path.join(ROOT, "runs", study.name),
+                        help="run folders (checkpoints; not committed)")
+    parser.add_argument("--devices", type=int, default=2, help="CPU devices (data-parallel mesh)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="RL seeds")
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=list(ESTIMATORS))
+    study.add_arguments(parser)
+    for stage in ("sft", "rl", "eval"):
+        parser.add_argument(f"--set-{stage}", nargs="*", default=[], metavar="KEY=VALUE",
+                            help=f"extra config overrides of the {stage} commands")
+    return parser.parse_args(argv)
+
+
+def main(study: Study, doc: str, argv=None) -> int:
+    """Run the stages `argv` asks for (every unfinished one by default), or print --status."""
+    args = parse_args(study, doc, argv)
+    state = load_state(args.out)
+    if args.status:
+        for stage in STAGES[:-1]:
+            d = state["done"].get(stage)
+            took = f" (last sitting {d['seconds']:.0f} s, {d.get('finished', '')})" if d else ""
+            print(f"{stage:>10}: " + ("done" if finished(study, stage, args, state) else "to do") + took)
+        return 0
+    for stage in stages_to_run(study, args, state):
+        t0 = time.perf_counter()
+        result = stage_func(study, stage)(args, state)
+        state["done"][stage] = {"seconds": time.perf_counter() - t0, "result": result,
+                                "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        save_state(args.out, state)
+        print(f"{stage}: done in {state['done'][stage]['seconds']:.0f} s: {result}", flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------------- report
+def mean_over_iterations(run_dir: str, prefix: str) -> dict[str, float]:
+    """Mean over a run's iterations of every metric starting with `prefix`."""
+    import numpy as np
+
+    from hgpo_jax.metrics import read_metrics
+
+    values: dict[str, list] = {}
+    for record in read_metrics(run_dir):
+        for k, v in record.items():
+            if k.startswith(prefix) and isinstance(v, (int, float)):
+                values.setdefault(k, []).append(float(v))
+    return {k: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan
+            for k, v in sorted(values.items())}
+
+
+def first_last(run_dir: str, key: str, n: int = 5) -> tuple[float, float]:
+    """Mean of `key` over a run's first and last `n` iterations (NaN where none was logged)."""
+    import numpy as np
+
+    from hgpo_jax.metrics import metric_series, read_metrics
+
+    _, values = metric_series(read_metrics(run_dir), key)
+    if not values:
+        return math.nan, math.nan
+    return float(np.nanmean(values[:n])), float(np.nanmean(values[-n:]))
+
+
+def num(v: float, fmt: str = "{:.3f}") -> str:
+    return "-" if math.isnan(v) else fmt.format(v)
+
+
+def cell(values: list[float], scale: float = 100.0, fmt: str = "{:.1f}") -> str:
+    """'mean ± std' of `values` x `scale` (one value alone; '-' for none)."""
+    import numpy as np
+
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(scale * values[0])
+    return f"{fmt.format(scale * np.mean(values))} ± {fmt.format(scale * np.std(values))}"
+
+
+def run_lines(logs: dict[str, str], runs: dict,
+              first_last_keys: dict[str, str]) -> tuple[list[str], dict, dict]:
+    """Per RL run: each of `first_last_keys` ({column: metric}, in %) over the first vs last 5
+    iterations, the Table 5 analogue (share of steps in a group of >= 2 at each context level,
+    mean over iterations), the bias-vs-oracle diagnostic (mean |A - A_oracle| of each estimator on
+    that run's rollouts) and wall times. Returns (table lines, levels, diagnostics) with the
+    per-run means the table shows."""
+    levels = {name: mean_over_iterations(log, "hierarchy/") for name, log in logs.items()}
+    diag = {name: mean_over_iterations(log, "diag/") for name, log in logs.items()}
+    n_levels = max((sum(k.endswith("_grouped_fraction") for k in v) for v in levels.values()), default=0)
+    estimators = ("grpo", "gigpo", "hgpo")  # the trainer's diagnostic covers these
+    head = ["run", *[f"{c} first 5 -> last 5 it. (%)" for c in first_last_keys],
+            *[f"level {k} grouped (%)" for k in range(n_levels)],
+            *[f"abs dev {e}" for e in estimators], "train s", "eval s"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, log in logs.items():
+        cells = [name]
+        for key in first_last_keys.values():
+            a, b = first_last(log, key)
+            cells.append(f"{num(100 * a, '{:.1f}')} -> {num(100 * b, '{:.1f}')}")
+        cells += [num(100 * levels[name].get(f"hierarchy/level{k}_grouped_fraction", math.nan),
+                      "{:.1f}") for k in range(n_levels)]
+        cells += [num(diag[name].get(f"diag/{e}/abs_dev", math.nan)) for e in estimators]
+        took = runs.get(name, {})
+        cells += [num(took.get("seconds", math.nan), "{:.0f}"),
+                  num(took.get("eval_seconds", math.nan), "{:.0f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines, levels, diag
+
+
+def kept_rl_logs(args) -> dict[str, str]:
+    """{run name: its kept log folder} of the RL runs OUT keeps, in estimator x seed order."""
+    return {name: kept_log(args.out, f"rl_{name}") for name in rl_runs(args)
+            if has_log(args.out, f"rl_{name}")}
+
+
+def plot_dynamics(args, logs: dict[str, str], metrics: tuple[str, ...] = ()) -> None:
+    """OUT/dynamics.png: the training dynamics of each estimator's first-seed run (the paper's
+    metrics and `metrics`)."""
+    seed0 = [logs[f"{est}_s{args.seeds[0]}"] for est in args.estimators if f"{est}_s{args.seeds[0]}" in logs]
+    if seed0:
+        from experiments import plot
+
+        plot.main([*seed0, "--out", os.path.join(args.out, "dynamics.png"),
+                   *(["--metrics", *metrics] if metrics else [])])

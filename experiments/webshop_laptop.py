@@ -1,0 +1,153 @@
+"""WebShop at laptop scale: RL raising a real benchmark's task score on held-out goals, on a CPU
+(issue 28). The stage machinery is experiments/laptop.py's, as for experiments/alfworld_laptop.py.
+
+  python experiments/webshop_laptop.py                 # every stage not finished yet, in order
+  python experiments/webshop_laptop.py --stage rl      # one stage (resumes where it stopped)
+  python experiments/webshop_laptop.py --status        # what is done, with wall times
+
+Stages (each resumable):
+1. experts: the instruction shopper (hgpo_jax/envs/webshop/expert.py: it acts on the page alone:
+   searches the instruction's words, opens the affordable result that matches them best, clicks
+   the options the instruction names, buys) played on every test goal (0..499) and on the
+   --episodes train goals the warm start learns from: its mean task score and success, kept in
+   OUT/experts.json.
+2. sft: a small Qwen2 built here (`build:webshop-<size>`, tokenizer trained on WebShop's text),
+   warm-started by `hgpo-jax sft webshop_laptop_sft` on the shopper's episodes of --episodes
+   train goals, exported (float32) to OUT/warm_start.
+3. eval_warm: the warm start on every test goal once, at the eval temperature 0.4.
+4. rl: HGPO (K=2), GiGPO and GRPO from the warm start under equal compute
+   (`hgpo-jax train webshop_laptop_rl`), per seed; each run evaluated as in 3 right after its
+   training and its final policy exported to OUT/<run name> (float32 transformers folder).
+5. report: OUT/results.json and OUT/results.md (WebShop's Table 1 layout: task score and
+   success on the test goals, mean ± std over seeds; the Table 5 analogue; the bias-vs-oracle
+   diagnostic; wall times) and the dynamics plot OUT/dynamics.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from experiments import laptop  # noqa: E402
+from experiments.laptop import has_log, kept_log  # noqa: E402
+
+EPISODES = 2000  # train goals with the shopper's episodes (sft.episodes)
+EXPERTS = "experts.json"
+
+
+# ----------------------------------------------------------------------------------- experts
+def shopper_scores(tasks, seed: int = 0, max_steps: int = 15) -> dict[str, float]:
+    """The instruction shopper's mean task score and success on `tasks` (goal indices)."""
+    from hgpo_jax.envs.webshop import WebShopEnv
+    from hgpo_jax.envs.webshop.expert import InstructionShopper
+
+    env = WebShopEnv(seed=seed, max_steps=max_steps)
+    scores, wins = [], []
+    for task in tasks:
+        obs, info = env.reset(task)
+        shopper, score, won = InstructionShopper(), 0.0, False
+        for t in range(max_steps):
+            obs, _, done, info = env.step(shopper(obs, info, t))
+            if done:
+                score, won = info["task_score"], info["won"]
+                break
+        scores.append(score)
+        wins.append(won)
+    return {"score": sum(scores) / len(scores), "success": sum(wins) / len(wins), "episodes": len(scores)}
+
+
+def stage_experts(args, state: dict) -> dict:
+    """The shopper's score on every test goal and on the SFT's train goals -> OUT/experts.json."""
+    from hgpo_jax.config import EnvConfig
+    from hgpo_jax.envs.webshop import ENV_SPECS
+    from hgpo_jax.sft.data import spread
+
+    spec = ENV_SPECS["webshop"]
+    cfg = EnvConfig(name="webshop")
+    result = {"test": shopper_scores(spec.list_tasks(cfg, "test")),
+              "train": shopper_scores(spread(spec.list_tasks(cfg, "train"), args.episodes))}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, EXPERTS), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+# ----------------------------------------------------------------------------------- report
+def last_eval(run_dir: str) -> dict[str, float]:
+    """The last logged evaluation on the test goals: {'score', 'success'}."""
+    from hgpo_jax.metrics import read_metrics
+
+    out = {}
+    for record in read_metrics(run_dir):
+        if "eval/test/all" in record:
+            out = {"score": float(record.get("eval/test/score", float("nan"))),
+                   "success": float(record["eval/test/all"])}
+    return out
+
+
+def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
+    """WebShop's Table 1 layout: per method, task score (x 100) and success (%), mean ± std."""
+    lines = ["| method | score | success (%) |", "|---|---|---|"]
+    for name, evals in rows.items():
+        lines.append(f"| {name} | " + " | ".join(laptop.cell([e[k] for e in evals if k in e])
+                                                 for k in ("score", "success")) + " |")
+    return lines
+
+
+def stage_report(args, state: dict) -> dict:
+    """The tables and the plot, from what OUT keeps (no run folder needed)."""
+    rows = {}
+    experts_path = os.path.join(args.out, EXPERTS)
+    if os.path.isfile(experts_path):
+        with open(experts_path, encoding="utf-8") as f:
+            rows["instruction shopper (the SFT's expert)"] = [json.load(f)["test"]]
+    if has_log(args.out, "eval_warm"):
+        rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
+    logs = laptop.kept_rl_logs(args)
+    for est in args.estimators:
+        rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
+    lines, levels, diag = laptop.run_lines(logs, state.get("rl_runs", {}), {
+        "score": "score/all", "success": "success/all", "invalid": "rollout/invalid_action_rate"})
+    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state,
+               "seeds": args.seeds}
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
+        f.write("Task score (x 100) and success (%) on every test goal (0..499) once, temperature"
+                f" 0.4; RL rows: mean ± std over seeds {args.seeds}.\n\n"
+                + "\n".join(table1_lines(rows)) + "\n")
+        if logs:
+            f.write("\nRL runs: rollout task score, success and invalid-action rate over the first"
+                    " and last 5 iterations; share of steps whose group at context level k holds"
+                    " >= 2 steps (Table 5 analogue); mean |A - A_oracle| of each estimator on the"
+                    " run's rollouts (the bias-vs-oracle diagnostic); wall time of training and"
+                    " of the evaluation.\n\n" + "\n".join(lines) + "\n")
+    laptop.plot_dynamics(args, logs, metrics=("score/all",))
+    return {"rows": list(rows)}
+
+
+# ----------------------------------------------------------------------------------- the study
+def add_arguments(parser) -> None:
+    parser.add_argument("--episodes", type=int, default=EPISODES,
+                        help="train goals with the shopper's episodes for the warm start")
+
+
+STUDY = laptop.Study(
+    name="webshop_laptop", sft_config="webshop_laptop_sft", rl_config="webshop_laptop_rl",
+    experts=stage_experts, report=stage_report,
+    experts_done=lambda args: os.path.isfile(os.path.join(args.out, EXPERTS)),
+    sft_overrides=lambda args: [f"sft.episodes={args.episodes}"],
+    keep_policies=True, add_arguments=add_arguments)
+
+
+def main(argv=None) -> int:
+    return laptop.main(STUDY, __doc__, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
