@@ -43,7 +43,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from experiments import laptop  # noqa: E402
-from experiments.laptop import has_log, kept_log  # noqa: E402
 
 SHARD = 100  # games per recording shard
 SEARCH_GAMES = 800  # train games with searching episodes (sft.data=expert+search:800)
@@ -153,32 +152,12 @@ def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
 
 def stage_report(args, state: dict) -> dict:
     """The tables and the plot, from what OUT keeps (no run folder needed)."""
-    import json
-
-    rows = {}
-    if has_log(args.out, "eval_warm"):
-        rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
-    logs = laptop.kept_rl_logs(args)
-    for est in args.estimators:
-        rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
-    lines, levels, diag = laptop.run_lines(logs, state.get("rl_runs", {}), {
-        "success": "success/all", "invalid": "rollout/invalid_action_rate"})
-    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state,
-               "seeds": args.seeds}
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
-        f.write("Success (%) on every valid_seen (In) and valid_unseen (Out) game, temperature 0.4;"
-                f" RL rows: mean ± std over seeds {args.seeds}.\n\n" + "\n".join(table1_lines(rows))
-                + "\n")
-        if logs:
-            f.write("\nRL runs: rollout success and invalid-action rate over the first and last 5"
-                    " iterations; share of steps whose group at context level k holds >= 2 steps"
-                    " (Table 5 analogue); mean |A - A_oracle| of each estimator on the run's"
-                    " rollouts (the bias-vs-oracle diagnostic); wall time of training and of the"
-                    " evaluation.\n\n" + "\n".join(lines) + "\n")
-    laptop.plot_dynamics(args, logs)
-    return {"rows": list(rows)}
+    return laptop.write_report(
+        args, state, last_eval=last_eval, table1_lines=table1_lines,
+        caption="Success (%) on every valid_seen (In) and valid_unseen (Out) game, temperature 0.4;",
+        first_last_keys={"success": "success/all", "invalid": "rollout/invalid_action_rate"},
+        runs_caption="RL runs: rollout success and invalid-action rate over the first and last 5"
+                     " iterations")
 
 
 # ----------------------------------------------------------------------------------- the study

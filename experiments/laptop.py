@@ -345,6 +345,35 @@ def run_lines(logs: dict[str, str], runs: dict,
     return lines, levels, diag
 
 
+def write_report(args, state: dict, *, last_eval: Callable, table1_lines: Callable, caption: str,
+                 first_last_keys: dict[str, str], runs_caption: str, rows: dict | None = None,
+                 plot_metrics: tuple[str, ...] = ()) -> dict:
+    """OUT/results.json, OUT/results.md and OUT/dynamics.png from what OUT keeps: Table 1 (`rows`
+    first, then the warm start's and each estimator's evaluations, `last_eval(log)` of each, laid
+    out by `table1_lines`) under `caption`, then the per-run lines (`run_lines`) under
+    `runs_caption`."""
+    rows = dict(rows or {})
+    if has_log(args.out, "eval_warm"):
+        rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
+    logs = kept_rl_logs(args)
+    for est in args.estimators:
+        rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
+    lines, levels, diag = run_lines(logs, state.get("rl_runs", {}), first_last_keys)
+    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state, "seeds": args.seeds}
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
+        f.write(f"{caption} RL rows: mean ± std over seeds {args.seeds}.\n\n"
+                + "\n".join(table1_lines(rows)) + "\n")
+        if logs:
+            f.write(f"\n{runs_caption}; share of steps whose group at context level k holds >= 2"
+                    " steps (Table 5 analogue); mean |A - A_oracle| of each estimator on the run's"
+                    " rollouts (the bias-vs-oracle diagnostic); wall time of training and of the"
+                    " evaluation.\n\n" + "\n".join(lines) + "\n")
+    plot_dynamics(args, logs, plot_metrics)
+    return {"rows": list(rows)}
+
+
 def kept_rl_logs(args) -> dict[str, str]:
     """{run name: its kept log folder} of the RL runs OUT keeps, in estimator x seed order."""
     return {name: kept_log(args.out, f"rl_{name}") for name in rl_runs(args)

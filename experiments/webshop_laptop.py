@@ -34,7 +34,6 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from experiments import laptop  # noqa: E402
-from experiments.laptop import has_log, kept_log  # noqa: E402
 
 EPISODES = 2000  # train goals with the shopper's episodes (sft.episodes)
 EXPERTS = "experts.json"
@@ -106,29 +105,14 @@ def stage_report(args, state: dict) -> dict:
     if os.path.isfile(experts_path):
         with open(experts_path, encoding="utf-8") as f:
             rows["instruction shopper (the SFT's expert)"] = [json.load(f)["test"]]
-    if has_log(args.out, "eval_warm"):
-        rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
-    logs = laptop.kept_rl_logs(args)
-    for est in args.estimators:
-        rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
-    lines, levels, diag = laptop.run_lines(logs, state.get("rl_runs", {}), {
-        "score": "score/all", "success": "success/all", "invalid": "rollout/invalid_action_rate"})
-    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state,
-               "seeds": args.seeds}
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
-        f.write("Task score (x 100) and success (%) on every test goal (0..499) once, temperature"
-                f" 0.4; RL rows: mean ± std over seeds {args.seeds}.\n\n"
-                + "\n".join(table1_lines(rows)) + "\n")
-        if logs:
-            f.write("\nRL runs: rollout task score, success and invalid-action rate over the first"
-                    " and last 5 iterations; share of steps whose group at context level k holds"
-                    " >= 2 steps (Table 5 analogue); mean |A - A_oracle| of each estimator on the"
-                    " run's rollouts (the bias-vs-oracle diagnostic); wall time of training and"
-                    " of the evaluation.\n\n" + "\n".join(lines) + "\n")
-    laptop.plot_dynamics(args, logs, metrics=("score/all",))
-    return {"rows": list(rows)}
+    return laptop.write_report(
+        args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
+        caption="Task score (x 100) and success (%) on the test goals evaluated (eval.games of"
+                " 0..499, each once), temperature 0.4; the shopper: all 500 test goals.",
+        first_last_keys={"score": "score/all", "success": "success/all",
+                         "invalid": "rollout/invalid_action_rate"},
+        runs_caption="RL runs: rollout task score, success and invalid-action rate over the first"
+                     " and last 5 iterations", plot_metrics=("score/all",))
 
 
 # ----------------------------------------------------------------------------------- the study
