@@ -42,6 +42,8 @@ def cmd_demo(args) -> int:
     from hgpo_jax.rl.sampling import generate
     from hgpo_jax.models.local import resolve_model_path
 
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
     model_dir = resolve_model_path("tiny") if args.model is None else args.model
     model = load_pretrained(model_dir, dtype=args.dtype, progress=show_progress(args))
     tokenizer = load_tokenizer(model_dir)
@@ -170,6 +172,7 @@ def cmd_eval(args) -> int:
                      *overrides]
         resume = False
     cfg = load_config(args.config, overrides)
+    check_eval_args(cfg, args.split, args.games)
     splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
@@ -186,6 +189,22 @@ def cmd_eval(args) -> int:
     if args.json:
         say(json.dumps(eval_json(results, splits)))
     return 0
+
+
+def check_eval_args(cfg, split: str | None, games: int) -> None:
+    """`eval`'s flags against the config, before anything heavy starts: --split one of the env's
+    splits, --games >= 0 and only under the each-once protocol (which plays N games)."""
+    from hgpo_jax.envs.registry import get_env
+
+    splits = get_env(cfg.env.name).splits
+    if split is not None and split not in splits:
+        raise ValueError(f"--split {split!r}: env {cfg.env.name!r} has the splits {', '.join(splits)}")
+    if games < 0:
+        raise ValueError(f"--games {games}: give a number of games >= 1 (or 0: eval.games)")
+    if games and cfg.eval.protocol != "each-once":
+        raise ValueError(f"--games {games} counts the games of eval.protocol=each-once; this config "
+                         f"evaluates under {cfg.eval.protocol!r} (eval.seeds x eval.batches x "
+                         "eval.batch_size episodes): add eval.protocol=each-once, or set those keys")
 
 
 def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:

@@ -62,3 +62,26 @@ def test_demo_main_job_runs(tmp_path, monkeypatch, capsys):
 def test_demo_reports_a_bad_model_folder(tmp_path, capsys):
     assert main(["demo", "--model", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "tiny_cpu_webshop", "--split", "nosuch"], "env 'webshop' has the splits train, test"),
+    (["eval", "tiny_cpu", "--split", "valid_sen"], "has the splits train, valid_seen, valid_unseen"),
+    (["eval", "tiny_cpu_webshop", "--split", "test", "--games", "-2"], "--games -2: give a number"),
+    (["eval", "tiny_cpu_webshop", "--games", "3"], "add eval.protocol=each-once"),
+    (["demo", "--max-new-tokens", "-3"], "--max-new-tokens -3: give at least 1"),
+])
+def test_bad_cli_input_is_refused_before_anything_loads(argv, message, tmp_path, capsys, monkeypatch):
+    """Each error names what was wrong; nothing heavy (the model, the env pool) started first."""
+    import hgpo_jax.models.local as local
+    import hgpo_jax.rl.trainer as trainer
+
+    def must_not_run(*a, **k):
+        raise AssertionError("started before the arguments were checked")
+
+    monkeypatch.setattr(trainer.Trainer, "__init__", must_not_run)
+    monkeypatch.setattr(local, "resolve_model_path", must_not_run)
+    assert main([*argv, f"train.run_dir={tmp_path / 'run'}"] if argv[0] == "eval" else argv) == 2
+    err = capsys.readouterr().err
+    assert f"hgpo-jax {argv[0]}: error:" in err and message in err
+    assert not (tmp_path / "run").exists()
