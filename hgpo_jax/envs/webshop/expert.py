@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-SEP = " [SEP] "
+from hgpo_jax.envs.webshop.pages import SEP
+
 _PRICE = re.compile(r"price lower than ([0-9]+(?:\.[0-9]+)?) dollars")
 _PRICE_TEXT = re.compile(r"\$([0-9]+(?:\.[0-9]+)?)")
 _WORD = re.compile(r"[a-z0-9]+")
