@@ -23,6 +23,7 @@ run: $(STAMP)
 	    train.run_dir=runs/toy_hgpo-$$stamp
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q --durations=15 tests
 
 clean:

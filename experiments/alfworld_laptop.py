@@ -52,7 +52,8 @@ SEARCH_GAMES = 800  # train games with searching episodes (sft.data=expert+searc
 def _record_shard(args: tuple) -> tuple[str, int, int, float]:
     """Record the winning episodes of one shard of train games into its JSONL file."""
     kind, index, games, path = args
-    from hgpo_jax.sft.data import alfworld_episodes, save_episodes
+    from hgpo_jax.envs.alfworld import alfworld_episodes
+    from hgpo_jax.envs.episodes import save_episodes
 
     t0 = time.perf_counter()
     # the same episodes as one alfworld_episodes call on all the games (sft.data without the experiment)
@@ -78,7 +79,8 @@ def stage_experts(args, state: dict) -> dict:
     import multiprocessing
 
     from hgpo_jax.envs.alfworld import list_games
-    from hgpo_jax.sft.data import alfworld_episodes_path, load_episodes, save_episodes, spread
+    from hgpo_jax.envs.alfworld import alfworld_episodes_path
+    from hgpo_jax.envs.episodes import load_episodes, save_episodes, spread
 
     train = list_games("train")
     # the games `cached_alfworld_episodes("train", n, kind=...)` (sft.data=expert+search:n) plays
@@ -164,7 +166,8 @@ def stage_report(args, state: dict) -> dict:
 def expert_caches(args) -> list[str]:
     """The episode files stage experts leaves in the cache."""
     from hgpo_jax.envs.alfworld import list_games
-    from hgpo_jax.sft.data import alfworld_episodes_path, spread
+    from hgpo_jax.envs.alfworld import alfworld_episodes_path
+    from hgpo_jax.envs.episodes import spread
 
     train = list_games("train")
     wanted = {"expert": args.games, **({"search": args.search_games} if args.search_games else {})}

@@ -123,7 +123,7 @@ def bench_scaling(sizes: list[int], group_size: int, length: int, K: int, repeat
         t_host, (b, returns, index) = timed(host, repeats)
         traj_index = build_trajectory_groups(b)
         t_device, _ = timed(lambda: step_advantages_from_index("hgpo", returns, index, returns[:0], traj_index,
-                                                               b.traj, alpha=1.0), repeats)
+                                                               b.traj), repeats)
         rows.append({"n": n_actual, "t_total": t_total, "t_host": t_host, "t_device": t_device})
     base = rows[0]["t_total"] / (rows[0]["n"] * math.log2(rows[0]["n"]))
     for row in rows:

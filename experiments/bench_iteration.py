@@ -63,7 +63,7 @@ from hgpo_jax.config import load_config
 from hgpo_jax.models.config import Qwen2Config
 from hgpo_jax.rl.rollout import Policy
 from hgpo_jax.rl.sampling import batch_bucket, new_tokens_bucket, prompt_bucket
-from hgpo_jax.rl.trainer import Trainer
+from hgpo_jax.trainers.rl import Trainer
 
 CONFIGS = {"alfworld": "hgpo_k2_alfworld_qwen2.5_1.5b", "webshop": "hgpo_k2_webshop_qwen2.5_1.5b"}
 MODEL_VERSION = 1  # bump when the shapes or the tokenizer change: older cached folders are not reused
@@ -86,7 +86,7 @@ def shape_config(shape: str, vocab_size: int, eos_token_id: int) -> Qwen2Config:
 
         return model_config("tiny", vocab_size, eos_token_id)
     if shape == "1.5b":
-        from hgpo_jax.rl.plan import PRESETS
+        from hgpo_jax.trainers.plan import PRESETS
 
         return dataclasses.replace(PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], eos_token_id=eos_token_id,
                                    extra={})

@@ -45,7 +45,7 @@ def collect(iterations: int, out: str, seed: int) -> None:
 
     from hgpo_jax.config import load_config
     from hgpo_jax.rl.rollout import collect_rollouts
-    from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.trainers.rl import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(CONFIG, [f"model.path={WARM_START}", f"train.run_dir={tmp}/run",
@@ -164,7 +164,7 @@ def bench(args) -> dict:
     import jax
 
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.trainers.rl import Trainer
 
     with open(args.lengths) as f:
         data = json.load(f)

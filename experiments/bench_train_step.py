@@ -28,9 +28,9 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
 from hgpo_jax.models import Qwen2Config, make_mesh  # noqa: E402
 from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, resolve_attention  # noqa: E402
-from hgpo_jax.rl.plan import PRESETS  # noqa: E402
-from hgpo_jax.rl.ppo import (LossConfig, init_opt_state, make_optimizer,  # noqa: E402
-                             make_train_step, param_shardings)
+from hgpo_jax.trainers.plan import PRESETS  # noqa: E402
+from hgpo_jax.rl.ppo import LossConfig, make_train_step  # noqa: E402
+from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings  # noqa: E402
 from hgpo_jax.rl.sampling import Sampler  # noqa: E402
 
 SHAPES = {"1.5b": PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], "7b": PRESETS["Qwen/Qwen2.5-7B-Instruct"]}

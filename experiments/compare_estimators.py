@@ -75,7 +75,7 @@ def mean_ci(values) -> tuple[float, float]:
 
 
 def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int) -> str:
-    from hgpo_jax.sft.trainer import SftTrainer
+    from hgpo_jax.trainers.sft import SftTrainer
 
     run_dir = os.path.join(out, "runs", f"sft-s{seed}")
     if os.path.isdir(os.path.join(run_dir, "checkpoints")) and os.listdir(os.path.join(run_dir, "checkpoints")):
@@ -89,7 +89,7 @@ def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int) -> str:
 
 def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
            iterations: int, extra: list[str]) -> list[dict]:
-    from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.trainers.rl import Trainer
 
     run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
     if os.path.isfile(os.path.join(run_dir, "done")):

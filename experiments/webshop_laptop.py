@@ -42,29 +42,22 @@ EXPERTS = "experts.json"
 # ----------------------------------------------------------------------------------- experts
 def shopper_scores(tasks, seed: int = 0, max_steps: int = 15) -> dict[str, float]:
     """The instruction shopper's mean task score and success on `tasks` (goal indices)."""
-    from hgpo_jax.envs.webshop import WebShopEnv
+    from hgpo_jax.envs.episodes import play_episode
+    from hgpo_jax.envs.webshop import SCORE_KEY, WebShopEnv
     from hgpo_jax.envs.webshop.expert import InstructionShopper
 
     env = WebShopEnv(seed=seed, max_steps=max_steps)
-    scores, wins = [], []
-    for task in tasks:
-        obs, info = env.reset(task)
-        shopper, score, won = InstructionShopper(), 0.0, False
-        for t in range(max_steps):
-            obs, _, done, info = env.step(shopper(obs, info, t))
-            if done:
-                score, won = info["task_score"], info["won"]
-                break
-        scores.append(score)
-        wins.append(won)
-    return {"score": sum(scores) / len(scores), "success": sum(wins) / len(wins), "episodes": len(scores)}
+    episodes = [play_episode(env, task, InstructionShopper(), max_steps, score_key=SCORE_KEY)
+                for task in tasks]
+    return {"score": sum(ep.score for ep in episodes) / len(episodes),
+            "success": sum(ep.won for ep in episodes) / len(episodes), "episodes": len(episodes)}
 
 
 def stage_experts(args, state: dict) -> dict:
     """The shopper's score on every test goal and on the SFT's train goals -> OUT/experts.json."""
     from hgpo_jax.config import EnvConfig
     from hgpo_jax.envs.webshop import ENV_SPECS
-    from hgpo_jax.sft.data import spread
+    from hgpo_jax.envs.episodes import spread
 
     spec = ENV_SPECS["webshop"]
     cfg = EnvConfig(name="webshop")

@@ -40,7 +40,7 @@ DEFAULT_PROMPT = ("Your task is to: put a clean mug in coffeemachine. You are in
 def cmd_demo(args) -> int:
     from hgpo_jax.models import load_pretrained, load_tokenizer
     from hgpo_jax.rl.sampling import generate
-    from hgpo_jax.models.local import resolve_model_path
+    from hgpo_jax.build import resolve_model_path
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
@@ -122,7 +122,7 @@ def _printer(main: bool):
 
 def cmd_train(args) -> int:
     from hgpo_jax.config import format_config, load_config
-    from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.trainers.rl import Trainer
 
     cfg = load_config(args.config, args.overrides)
     say = _printer(start_distributed(args, cfg))
@@ -160,7 +160,7 @@ def report_learning(trainer) -> None:
 
 def cmd_eval(args) -> int:
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.trainer import Trainer
+    from hgpo_jax.trainers.rl import Trainer
     from hgpo_jax.runs import is_run_dir, run_kind
 
     # before run_kind, which reads checkpoints with JAX
@@ -223,7 +223,7 @@ def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
 
 def cmd_sft(args) -> int:
     from hgpo_jax.config import format_config, load_config
-    from hgpo_jax.sft.trainer import SftTrainer
+    from hgpo_jax.trainers.sft import SftTrainer
 
     cfg = load_config(args.config, args.overrides)
     say = _printer(start_distributed(args, cfg))
@@ -255,7 +255,7 @@ def cmd_export(args) -> int:
         raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
                                 "checkpoints/)")
     if args.critic:
-        from hgpo_jax.rl.critic import load_run_critic
+        from hgpo_jax.runs import load_run_critic
 
         model, tokenizer = load_run_critic(args.run_dir, progress=show_progress(args))
     else:
@@ -268,7 +268,7 @@ def cmd_export(args) -> int:
 
 def cmd_plan(args) -> int:
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.plan import devices_needed, format_plan, plan, plan_json
+    from hgpo_jax.trainers.plan import devices_needed, format_plan, plan, plan_json
 
     cfg = load_config(args.config, args.overrides)
     need = devices_needed(cfg)

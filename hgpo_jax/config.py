@@ -41,6 +41,28 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("constant", "cosine")
+# The algorithm's option names: defined here, where configs are validated, and imported by the RL
+# core that acts on them (config sits below rl and may not import it).
+ESTIMATORS = ("grpo", "rloo", "gigpo", "hgpo")  # group-based estimators (rl.advantages)
+CRITIC_ESTIMATOR = "ppo"  # algo.estimator of a run with a critic (rl.critic)
+MODES = ("mean_std_norm", "mean_norm")  # the groups' normalization
+PENALTY_PLACEMENTS = ("row", "reward")  # where the invalid-action penalty goes
+STATS = ("verl-agent", "paper")  # which steps' returns make the group statistics
+LEVEL_WEIGHTS = ("verl-agent", "paper")  # HGPO's weights of the levels
+KL_TYPES = ("low_var_kl", "kl", "mse")  # rl.loss
+AGGS = ("token-mean", "seq-mean")  # the loss aggregation (rl.loss)
+EVAL_PROTOCOLS = ("verl-agent", "each-once")  # rl.evaluation
+ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a penalty on single "
+                      "rows (penalty_placement='row') cannot keep")
+
+
+def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
+                       base_group: bool) -> bool:
+    """Whether the options cannot hold together once a step is invalid (ONE_SCORE_CONFLICT): the
+    paper's statistics (one score per trajectory) with a penalty on the invalid rows alone, for an
+    estimator that uses episode scores (all but HGPO without its base group)."""
+    return (stats == "paper" and penalty_placement == "row" and invalid_penalty > 0
+            and (estimator != "hgpo" or bool(base_group)))
 BASE_KEY = "base"
 RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 
@@ -658,15 +680,10 @@ def _short(value: Any) -> str:
 # ------------------------------------------------------------------------------------- validation
 @lru_cache(maxsize=1)
 def allowed_values() -> dict[str, tuple[str, ...]]:
-    """Allowed names, taken from the modules that consume them (imported lazily)."""
+    """Allowed names: the algorithm's (above) and those of the envs and models (imported lazily)."""
     from hgpo_jax.envs.prompts import PROJECTIONS
     from hgpo_jax.envs.registry import env_names
-    from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
-    from hgpo_jax.rl.loss import AGGS, KL_TYPES
-    from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
-
-    from hgpo_jax.rl.critic import ESTIMATOR as CRITIC_ESTIMATOR
 
     return {"estimator": (*ESTIMATORS, CRITIC_ESTIMATOR), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
@@ -758,10 +775,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
     one_of("algo.penalty_placement", a.penalty_placement, allowed["penalty_placement"])
     one_of("algo.stats", a.stats, allowed["stats"])
     one_of("algo.level_weights", a.level_weights, allowed["level_weights"])
-    if (a.stats == "paper" and a.penalty_placement == "row" and a.invalid_penalty > 0
-            and (a.estimator != "hgpo" or a.base_group)):
-        p.append("algo.stats='paper' gives each trajectory one score, which a penalty on single "
-                 "rows cannot keep; set algo.penalty_placement=reward (or algo.invalid_penalty=0)")
+    if one_score_conflict(a.estimator, a.stats, a.penalty_placement, a.invalid_penalty, a.base_group):
+        p.append(f"algo.{ONE_SCORE_CONFLICT}; set algo.penalty_placement=reward (or "
+                 "algo.invalid_penalty=0)")
     check(0 <= a.clip_low < 1, "algo.clip_low", a.clip_low, "in [0, 1)")
     check(0 <= a.clip_high < math.inf, "algo.clip_high", a.clip_high, "a finite number >= 0")
     check(1 < a.dual_clip < math.inf, "algo.dual_clip", a.dual_clip, "a finite number > 1")

@@ -9,20 +9,36 @@ after every line. JSON has no NaN/inf, so a non-finite value is written as `null
 listed in a `"nonfinite": [keys]` field of that line (TensorBoard gets the value itself);
 `read_metrics` turns those nulls back into NaN.
 
-Resuming: a resumed run opens the same file and appends. It re-logs the iterations after its
-checkpoint, so `read_metrics` reads the file in order and (1) when a step is lower than a step seen
-before (the run rewound to a checkpoint), drops the earlier records of that step and every later
-step; (2) merges records of the same step (later keys win), so train and eval metrics logged in
-two calls for one step come back as one record. A crash can leave a truncated last line: it is
-skipped with a warning (and the next logger starts on a fresh line).
+Resuming: a run restarts from its last checkpoint, so the records it logged after that checkpoint
+(up to the interruption) would come again. Before it logs anything, a training run therefore calls
+`MetricsLogger.rewind(step)` with the step it starts from (the restored checkpoint's; 0 for a run
+from scratch): `truncate_metrics` rewrites metrics.jsonl without the records of later steps, and
+`truncate_tensorboard` rewrites the TensorBoard event files that hold events of later steps
+without them, each file atomically (a temporary file in the same folder, fsync, os.replace), so
+every step is in the files once (jq, pandas and TensorBoard see no repeats). Records of the
+restored step itself are kept (train and eval metrics of one step may come in two calls).
+`read_metrics` still reads a file written before this rewind existed: it reads in order and (1)
+when a step is lower than a step seen before (the run rewound to a checkpoint), drops the earlier
+records of that step and every later step; (2) merges records of the same step (later keys win),
+so train and eval metrics logged in two calls for one step come back as one record. A crash can
+leave a truncated last line: `read_metrics` skips it with a warning, the next logger starts on a
+fresh line, and a rewind that rewrites the file drops it (with a warning).
+
+The event files' record framing (length, its CRC, payload, its CRC) is read here by hand, a few
+lines, because tensorboardX writes event files but has no reader and TensorBoard's own reader
+would add TensorBoard (or TensorFlow) as a dependency; the events themselves are decoded with
+tensorboardX's protobuf classes, and kept records are copied byte for byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
+import struct
+import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -99,6 +115,7 @@ class MetricsLogger:
         self.path = metrics_path(run_dir)
         _end_with_newline(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
+        self._max_step: int | None = None  # the highest step this logger logged
         self._writer = None
         if tensorboard:
             try:
@@ -124,10 +141,33 @@ class MetricsLogger:
         line = encode_record(step, metrics, now)  # validates every value before writing anything
         self._file.write(line + "\n")
         self._file.flush()
+        self._max_step = step if self._max_step is None else max(self._max_step, step)
         if self._writer is not None:
             for key, value in metrics.items():
                 self._writer.add_scalar(key, to_scalar(key, value), step, walltime=now)
             self._writer.flush()
+
+    def rewind(self, last_step: int) -> int:
+        """Drop the records of steps after `last_step` from metrics.jsonl and the TensorBoard
+        files (see the module docstring); returns how many metrics.jsonl records went. A resumed
+        run calls it with its checkpoint's step before it logs again. The JSONL file is closed
+        around the rewrite and opened again (an open handle would keep writing to the replaced
+        file). This logger's own TensorBoard event file holds no step past `last_step` (checked),
+        so it is never rewritten under its open writer."""
+        if self._file is None:
+            raise RuntimeError("MetricsLogger.rewind after close()")
+        last_step = _check_step(last_step)
+        if self._max_step is not None and self._max_step > last_step:
+            raise RuntimeError(f"MetricsLogger.rewind({last_step}) after this logger logged step "
+                               f"{self._max_step}: rewind before logging")
+        self._file.close()
+        try:
+            dropped = truncate_metrics(self.path, last_step)
+        finally:
+            self._file = open(self.path, "a", encoding="utf-8")
+        if self._writer is not None:
+            truncate_tensorboard(os.path.join(self.run_dir, TB_DIR), last_step)
+        return dropped
 
     def close(self) -> None:
         """Flush and close the files (idempotent)."""
@@ -193,6 +233,118 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def _replace_atomically(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder: fsync, then
+    os.replace, so a reader (or a crash) sees the old file or the new one, never a mix."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself survives a power cut
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def truncate_metrics(run_dir: str, last_step: int) -> int:
+    """Rewrite `run_dir/metrics.jsonl` without the records of steps after `last_step`; returns
+    how many records were dropped. Records of `last_step` and earlier stay, in order, byte for
+    byte. Unreadable lines (a crash's truncated last line) are dropped too, with a warning, when
+    the file is rewritten; it is rewritten (atomically) only when something is dropped. A missing
+    file is fine (0)."""
+    last_step = _check_step(last_step)
+    path = metrics_path(run_dir)
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    kept, dropped, bad = [], 0, []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            step = decode_record(line.decode("utf-8"))["step"]
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            what = "truncated last line (crash?)" if i == last else f"malformed line {i + 1}"
+            bad.append(f"{what}: {e}")
+            continue
+        if step > last_step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped or bad:
+        for what in bad:
+            warnings.warn(f"{path}: dropping {what}", stacklevel=2)
+        _replace_atomically(path, b"".join(line + b"\n" for line in kept))
+    return dropped
+
+
+def _event_records(data: bytes):
+    """(start, end, payload) of each whole TFRecord in an event file's bytes (length, its crc,
+    payload, its crc); stops at a truncated tail."""
+    pos = 0
+    while pos + 12 <= len(data):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        end = pos + 12 + n + 4
+        if end > len(data):
+            return
+        yield pos, end, data[pos + 12:pos + 12 + n]
+        pos = end
+
+
+def truncate_tensorboard(tb_dir: str, last_step: int) -> int:
+    """Rewrite the TensorBoard event files of `tb_dir` that hold events of steps after
+    `last_step` without those events (atomically, each kept record byte for byte); returns how
+    many events were dropped. A file's version header is always kept; a file with no event past
+    `last_step` is not touched (the open file of a running writer among them), nor is one that
+    cannot be parsed (a warning says so: TensorBoard then shows its late steps until the new
+    ones replace them). Without tensorboardX (which parses the events) nothing is done (0)."""
+    last_step = _check_step(last_step)
+    try:
+        from google.protobuf.message import DecodeError
+        from tensorboardX.proto.event_pb2 import Event
+    except ImportError:
+        return 0
+    if not os.path.isdir(tb_dir):
+        return 0
+    total = 0
+    for name in sorted(os.listdir(tb_dir)):
+        path = os.path.join(tb_dir, name)
+        if "tfevents" not in name or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        kept, dropped = [], 0
+        try:
+            for start, end, payload in _event_records(data):
+                event = Event.FromString(payload)
+                if event.step > last_step and event.WhichOneof("what") != "file_version":
+                    dropped += 1
+                else:
+                    kept.append(data[start:end])
+        except DecodeError as e:  # a damaged file, left as it is
+            warnings.warn(f"{path}: not an event file TensorBoard events can be dropped from "
+                          f"({type(e).__name__}: {e}); left as it is", stacklevel=2)
+            continue
+        if dropped:
+            _replace_atomically(path, b"".join(kept))
+            total += dropped
+    return total
+
+
 def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of the records that have `key` (None -> NaN)."""
     steps, values = [], []
@@ -204,4 +356,4 @@ def metric_series(records: list[dict], key: str) -> tuple[list[int], list[float]
 
 
 __all__ = ["MetricsLogger", "decode_record", "encode_record", "metric_series", "metrics_path",
-           "read_metrics", "to_scalar"]
+           "read_metrics", "to_scalar", "truncate_metrics", "truncate_tensorboard"]

@@ -1,9 +1,9 @@
 """What every training run (RL or supervised) shares: the run folder, the model, the optimizer,
-checkpoints and metrics; and loading a policy from any `model.path`.
+checkpoints and metrics; and loading a policy from any `model.path` (and a PPO run's critic).
 
     model, tokenizer, base = load_model(path, dtype="float32", mesh=mesh)
 
-`path` is a Hugging Face folder, `tiny`, `build:<env>-<size>` (hgpo_jax.models.local) or an
+`path` is a Hugging Face folder, `tiny`, `build:<env>-<size>` (hgpo_jax.build) or an
 hgpo-jax run folder: its config's own `model.path` gives the architecture and tokenizer (followed
 recursively, so an RL run started from a supervised run works), and the weights are those of its
 latest checkpoint.
@@ -21,11 +21,11 @@ import jax
 from flax import nnx
 
 from hgpo_jax import distributed as dist
+from hgpo_jax.build import resolve_model_path
+from hgpo_jax.checkpoint import Checkpointer
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
-from hgpo_jax.models.local import resolve_model_path
 from hgpo_jax.models.qwen2 import relayout_layers
-from hgpo_jax.rl.checkpoint import Checkpointer
-from hgpo_jax.rl.ppo import init_opt_state, make_optimizer, param_shardings, shard_params
+from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings, shard_params
 
 RUN_CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
@@ -125,6 +125,27 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
         model = relayout_layers(model, want_scan)
         nnx.update(model, shard_params(nnx.state(model), mesh))
     return model, tokenizer, base
+
+
+def load_run_critic(run_dir: str, progress: bool = False):
+    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer)."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.models.qwen2 import critic_from_policy
+    from hgpo_jax.rl.critic import ESTIMATOR, critic_optimizer
+
+    cfg = load_config(run_dir)
+    if cfg.algo.estimator != ESTIMATOR:
+        raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
+                         f"{ESTIMATOR} run has a critic")
+    policy, tokenizer, _ = load_model(run_dir, progress=progress)
+    graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
+    like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    try:
+        state, _, _ = ckpt.restore_latest(like)
+    finally:
+        ckpt.close()
+    return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
 
 
 def check_process_mesh(mesh, mesh_cfg) -> None:
@@ -270,6 +291,14 @@ class Run:
         self.load_arrays(state)
         self.load_meta(meta)
         return step
+
+    def rewind_metrics(self, step: int) -> int:
+        """Drop from metrics.jsonl and TensorBoard the records of steps after `step`, the step the
+        training loop starts from (the restored checkpoint's, 0 from scratch), so that a resumed run
+        records every step once (hgpo_jax.metrics); returns how many JSONL records went. The loops
+        call it before they log; process 0 only (it writes the files). Not done by `restore`:
+        `hgpo-jax eval` restores a run too (maybe one still training) and must not cut its files."""
+        return self.logger.rewind(step) if self.main else 0
 
     def model(self):
         """The current policy as an NNX module."""

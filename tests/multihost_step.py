@@ -44,10 +44,11 @@ def main(argv=None) -> int:
 
     from hgpo_jax.models import make_mesh
     from hgpo_jax.rl.batching import length_ladder
-    from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, PPO_BATCH, LossConfig, batch_sharding, budget_update,
-                                 init_opt_state, make_budget_train_step, make_logprob_fn,
-                                 make_optimizer, make_train_step, param_shardings)
-    from hgpo_jax.rl.trainer import budget_minibatch, budget_rows_pass
+    from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, PPO_BATCH, LossConfig, make_budget_train_step,
+                                 make_train_step)
+    from hgpo_jax.rl.update import (batch_sharding, budget_update, init_opt_state, make_logprob_fn,
+                                    make_optimizer, param_shardings)
+    from hgpo_jax.trainers.rl import budget_minibatch, budget_rows_pass
     from hgpo_jax.runs import load_model
 
     procs, index = jax.process_count(), jax.process_index()

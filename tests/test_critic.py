@@ -145,7 +145,7 @@ def test_token_values_read_the_state_before_each_response_token():
 
     from hgpo_jax.models import Qwen2Config
     from hgpo_jax.rl.critic import make_critic_step, make_value_fn, token_values, window_masks
-    from hgpo_jax.rl.ppo import make_optimizer
+    from hgpo_jax.rl.update import make_optimizer
 
     critic = Qwen2Critic(Qwen2Config(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(1))
     b, rewards, _, L, _, value_mask = random_rows(0, window=6)

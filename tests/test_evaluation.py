@@ -9,7 +9,7 @@ from hgpo_jax.envs.pool import EnvPool
 from hgpo_jax.envs.toy import PALETTE, ToyMemoryEnv
 from hgpo_jax.models import load_tokenizer
 from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS, evaluate_split, shuffled_cycle_schedule
-from hgpo_jax.models.local import resolve_model_path
+from hgpo_jax.build import resolve_model_path
 from toy_policies import ScriptedToyPolicy
 
 LUCKY = set(PALETTE[0::2])  # the first colour of toy task n is PALETTE[n % 6]: lucky iff n is even

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from hgpo_jax.metrics import read_metrics
-from hgpo_jax.models.local import resolve_model_path
-from hgpo_jax.rl.trainer import Trainer
+from hgpo_jax.build import resolve_model_path
+from hgpo_jax.trainers.rl import Trainer
 from hgpo_jax.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,8 +10,9 @@ from hf_models import TINY_SHAPES
 
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows
-from hgpo_jax.rl.ppo import (LossConfig, init_opt_state, make_logprob_fn, make_optimizer, make_train_step,
-                             param_shardings, shard_params, token_logprobs)
+from hgpo_jax.rl.ppo import LossConfig, make_train_step
+from hgpo_jax.rl.update import (init_opt_state, make_logprob_fn, make_optimizer, param_shardings,
+                                shard_params, token_logprobs)
 
 CFG = Qwen2Config(**TINY_SHAPES["untied_gqa1"])  # 4 kv heads: tensor=2 splits every weight
 

@@ -12,7 +12,7 @@ from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, evaluate
-from hgpo_jax.models.local import resolve_model_path
+from hgpo_jax.build import resolve_model_path
 from toy_policies import Out, ScriptedToyPolicy
 
 

@@ -433,7 +433,7 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
         import jax
         from flax import nnx
         from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh, request_cpu_devices
-        from hgpo_jax.rl.ppo import shard_params
+        from hgpo_jax.rl.update import shard_params
         from hgpo_jax.rl.sampling import generate
         assert request_cpu_devices(2) == 2
         assert len(jax.devices("cpu")) == 2

@@ -15,7 +15,7 @@ from hgpo_jax.models import Qwen2Config, load_pretrained, make_mesh, save_pretra
 from hgpo_jax.models.qwen2 import (Qwen2ForCausalLM, relayout_layers, resolve_attention,
                                    stack_layers, unstack_layers)
 from hgpo_jax.models.sharding import param_partition_spec
-from hgpo_jax.rl.ppo import token_logprobs
+from hgpo_jax.rl.update import token_logprobs
 from hgpo_jax.rl.sampling import Sampler
 
 
@@ -229,7 +229,7 @@ def test_plan_with_flash_attention_drops_the_score_buffers():
     """The memory plan for a GPU run compiles flash attention's memory stand-in: at 2k tokens its
     step temporaries are well under the einsum path's [rows, heads, L, L] scores."""
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.plan import plan
+    from hgpo_jax.trainers.plan import plan
 
     over = ["model.compute_dtype=bfloat16", "rollout.max_prompt_tokens=2048",
             "train.micro_batch_size=8", "train.mini_batch_size=8"]

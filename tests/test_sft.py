@@ -12,19 +12,21 @@ from flax import nnx
 
 from hgpo_jax.cli import main as cli_main
 from hgpo_jax.config import ConfigError, load_config, sft_micro_batch_size
-from hgpo_jax.envs.alfworld import list_games, walkthrough
+from hgpo_jax.envs import episodes as recorded
+from hgpo_jax.envs.alfworld import alfworld_episodes, list_games, walkthrough
 from hgpo_jax.envs.pool import EnvPool
 from hgpo_jax.envs.prompts import ALFWORLD_INTRO
-from hgpo_jax.envs.toy import TOY_INTRO, ToyMemoryEnv
+from hgpo_jax.envs.toy import TOY_INTRO, ToyMemoryEnv, toy_episodes
 from hgpo_jax.models import load_pretrained, load_tokenizer
-from hgpo_jax.models.local import resolve_model_path, train_tokenizer
+from hgpo_jax.build import resolve_model_path
+from hgpo_jax.models.local import train_tokenizer
 from hgpo_jax.rl.batching import pack_rows
-from hgpo_jax.rl.ppo import token_logprobs
+from hgpo_jax.rl.update import token_logprobs
 from hgpo_jax.rl.rollout import Policy, collect_rollouts
-from hgpo_jax.rl.trainer import Trainer
+from hgpo_jax.trainers.rl import Trainer
 from hgpo_jax.runs import load_model
 from hgpo_jax.sft import data
-from hgpo_jax.sft.trainer import SftTrainer, nll_micro_loss
+from hgpo_jax.trainers.sft import SftTrainer, nll_micro_loss
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def check_samples_equal_rollout(tok, episodes, rollout, memory_len, intro, max_p
 @pytest.mark.parametrize("memory_len", [0, 2, 4])
 def test_toy_samples_are_exactly_the_rollout_prompts(tok, memory_len):
     tasks = [0, 3, 6]  # corridors of 1 (1 + task % 3): every expert episode has 3 steps
-    episodes = data.toy_episodes(tasks, "expert")
+    episodes = toy_episodes(tasks, "expert")
     plans = [[s.action for s in ep.steps] for ep in episodes]
     assert {len(p) for p in plans} == {3} and all(ep.won for ep in episodes)
     with EnvPool(ToyMemoryEnv, num_envs=3, num_workers=1) as pool:
@@ -91,7 +93,7 @@ def test_alfworld_expert_samples_are_exactly_the_rollout_prompts(tok):
     from hgpo_jax.envs.alfworld import AlfworldEnv
 
     game = next(g for g in list_games("valid_seen") if len(walkthrough(g)) <= 6)
-    episodes = data.alfworld_episodes([game])
+    episodes = alfworld_episodes([game])
     assert len(episodes) == 1 and episodes[0].won
     ep = episodes[0]
     assert ep.steps[0].observation.startswith("-= Welcome to TextWorld, ALFRED! =-")
@@ -111,19 +113,19 @@ def test_alfworld_search_episodes_look_for_the_objects(tok):
     from hgpo_jax.envs.alfworld import AlfworldEnv
 
     game = list_games("train")[0]  # look_at_obj_in_light-AlarmClock-None-DeskLamp-301: 13 steps
-    (ep,) = data.alfworld_episodes([game], kind="search", seed=0)
+    (ep,) = alfworld_episodes([game], kind="search", seed=0)
     assert ep.won and ep.source == f"alfworld-search:{game}"
     assert len(ep.steps) > len(walkthrough(game))
     visited = [s.action for s in ep.steps if s.action.startswith("go to ")]
     assert len(set(visited)) >= 3  # it looked in several places before the alarm clock's
     assert all(s.action in s.admissible or s.action == "look" for s in ep.steps)
-    assert data.alfworld_episodes([game], kind="search", seed=0) == [ep]
+    assert alfworld_episodes([game], kind="search", seed=0) == [ep]
     with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=1, num_workers=1) as pool:
         rollout = rollout_prompts(tok, pool, [game], [[s.action for s in ep.steps]], len(ep.steps),
                                   2, ALFWORLD_INTRO)
     check_samples_equal_rollout(tok, [ep], rollout, 2, ALFWORLD_INTRO)
     with pytest.raises(ValueError, match="unknown ALFWorld episode kind"):
-        data.alfworld_episodes([game], kind="random")
+        alfworld_episodes([game], kind="random")
 
 
 def test_alfworld_task_params_from_the_folder_name():
@@ -141,7 +143,7 @@ def test_alfworld_task_params_from_the_folder_name():
 def test_sft_data_sources_mix_kinds(monkeypatch, tmp_path, tok):
     """sft.data=expert+search:N records each kind with its own count and trains on both."""
     from hgpo_jax.envs import registry
-    from hgpo_jax.sft.trainer import build_samples
+    from hgpo_jax.trainers.sft import build_samples
 
     cfg = load_config("toy_format", ["sft.data=expert+random:3", "sft.episodes=5"])
     assert cfg.sft.sources() == [("expert", 5), ("random", 3)]
@@ -169,19 +171,19 @@ def test_sft_data_sources_mix_kinds(monkeypatch, tmp_path, tok):
 
 
 def test_random_episodes_keep_the_format_and_use_admissible_actions():
-    episodes = data.toy_episodes(range(20), "random", seed=3, max_steps=6)
+    episodes = toy_episodes(range(20), "random", seed=3, max_steps=6)
     assert any(not ep.won for ep in episodes) and any(ep.won for ep in episodes)
     for ep in episodes:
         for step in ep.steps:
             assert step.action in step.admissible
     with pytest.raises(ValueError, match="kind"):
-        data.toy_episodes([0], "greedy")
+        toy_episodes([0], "greedy")
 
 
 def test_episodes_save_and_load(tmp_path):
-    episodes = data.toy_episodes(range(3), "random", seed=1, max_steps=4)
-    path = data.save_episodes(episodes, str(tmp_path / "eps.jsonl"))
-    assert data.load_episodes(path) == episodes
+    episodes = toy_episodes(range(3), "random", seed=1, max_steps=4)
+    path = recorded.save_episodes(episodes, str(tmp_path / "eps.jsonl"))
+    assert recorded.load_episodes(path) == episodes
 
 
 def test_jsonl_turns(tmp_path, tok):
@@ -268,7 +270,7 @@ def test_sft_learns_resumes_exactly_and_exports(tmp_path):
 
 
 def test_length_grouped_order_is_a_permutation_of_similar_length_batches():
-    from hgpo_jax.sft.trainer import GROUP_POOL, length_grouped_order
+    from hgpo_jax.trainers.sft import GROUP_POOL, length_grouped_order
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(100, 2000, 1000)
@@ -343,7 +345,7 @@ def test_sft_cli_and_errors(tmp_path, capsys):
 
 
 def test_env_tokenizer_keeps_prompts_short_and_uses_qwen_chat_template():
-    episodes = data.toy_episodes(range(50), "expert") + data.toy_episodes(range(50), "random", max_steps=6)
+    episodes = toy_episodes(range(50), "expert") + toy_episodes(range(50), "random", max_steps=6)
     texts = data.samples_from_episodes(episodes, 2, TOY_INTRO)
     from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
 
@@ -364,21 +366,22 @@ def test_env_tokenizer_keeps_prompts_short_and_uses_qwen_chat_template():
 def test_build_spec_models_are_built_from_each_envs_corpus(tmp_path, monkeypatch):
     """`model.path=build:<env>-<size>` builds a tokenizer from the env's own prompts (its registry
     prompt builder) and a random Qwen2, once, in the cache."""
-    from hgpo_jax.models import local
+    from hgpo_jax import build
+    from hgpo_jax.envs import alfworld
 
     monkeypatch.setenv("HGPO_JAX_CACHE", str(tmp_path))
     folder = resolve_model_path("build:toy-tiny")
     assert folder.startswith(str(tmp_path)) and os.path.isfile(os.path.join(folder, "config.json"))
     tok = load_tokenizer(folder)
-    prompt = data.samples_from_episodes(data.toy_episodes([0], "expert"), 4, TOY_INTRO)[0][0]
+    prompt = data.samples_from_episodes(toy_episodes([0], "expert"), 4, TOY_INTRO)[0][0]
     assert TOY_INTRO in prompt and len(tok.encode(prompt)) < len(prompt) / 5
     assert load_pretrained(folder).config.vocab_size == tok.vocab_size
     assert resolve_model_path("build:toy-tiny") == folder  # built once
 
-    step = data.Step("You are in the middle of a room.", ("go to desk 1", "look"), "go to desk 1")
-    episode = data.Episode("put a pen in desk.", (step, step), True, "alfworld:x")
-    monkeypatch.setattr(data, "cached_alfworld_episodes", lambda split, n, *a, **k: [episode])
-    texts = local.env_corpus("alfworld")
+    step = recorded.Step("You are in the middle of a room.", ("go to desk 1", "look"), "go to desk 1")
+    episode = recorded.Episode("put a pen in desk.", (step, step), True, "alfworld:x")
+    monkeypatch.setattr(alfworld, "cached_alfworld_episodes", lambda split, n, *a, **k: [episode])
+    texts = build.env_corpus("alfworld")
     assert len(texts) == 2 and ALFWORLD_INTRO in texts[0] and "<action>go to desk 1</action>" in texts[0]
     with pytest.raises(ValueError, match="build:<env>-<size>"):
         resolve_model_path("build:nowhere-tiny")
@@ -386,13 +389,13 @@ def test_build_spec_models_are_built_from_each_envs_corpus(tmp_path, monkeypatch
 
 def test_webshop_build_spec_model(tmp_path, monkeypatch):
     """build:webshop-<size>: a tokenizer trained on 200 scripted WebShop purchases' prompts."""
+    from hgpo_jax import build
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.models import local
 
-    monkeypatch.setattr(local, "CORPUS_EPISODES", 20)
-    texts = local.env_corpus("webshop")
+    monkeypatch.setattr(build, "CORPUS_EPISODES", 20)
+    texts = build.env_corpus("webshop")
     assert len(texts) > 20 and all("<|im_start|>assistant" in t for t in texts)
-    tok = local.train_tokenizer(texts, 1024)
+    tok = train_tokenizer(texts, 1024)
     from hgpo_jax.config import EnvConfig
 
     ep = get_env("webshop").record_episodes(EnvConfig(name="webshop"), "train", 1, "expert")[0]

@@ -13,10 +13,10 @@ from hgpo_jax.config import ConfigError, load_config
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.rl.batching import (fit_length, fixed_micro_weights, gather_rows, length_ladder,
                                   pack_rows, take_micro, token_budget_micro_batches)
-from hgpo_jax.rl.ppo import (LossConfig, budget_update, init_opt_state, make_budget_train_step,
-                             make_logprob_fn, make_train_step, param_shardings, ppo_micro_loss,
-                             shard_params)
-from hgpo_jax.rl.trainer import Trainer
+from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step, ppo_micro_loss
+from hgpo_jax.rl.update import (budget_update, init_opt_state, make_logprob_fn, param_shardings,
+                                shard_params)
+from hgpo_jax.trainers.rl import Trainer
 
 CFG = Qwen2Config(**TINY_SHAPES["untied_gqa1"])
 WINDOW = 12  # the response window (rollout.max_new_tokens) of the update tests

@@ -73,14 +73,14 @@ def test_demo_reports_a_bad_model_folder(tmp_path, capsys):
 ])
 def test_bad_cli_input_is_refused_before_anything_loads(argv, message, tmp_path, capsys, monkeypatch):
     """Each error names what was wrong; nothing heavy (the model, the env pool) started first."""
-    import hgpo_jax.models.local as local
-    import hgpo_jax.rl.trainer as trainer
+    import hgpo_jax.build as build
+    import hgpo_jax.trainers.rl as trainer
 
     def must_not_run(*a, **k):
         raise AssertionError("started before the arguments were checked")
 
     monkeypatch.setattr(trainer.Trainer, "__init__", must_not_run)
-    monkeypatch.setattr(local, "resolve_model_path", must_not_run)
+    monkeypatch.setattr(build, "resolve_model_path", must_not_run)
     assert main([*argv, f"train.run_dir={tmp_path / 'run'}"] if argv[0] == "eval" else argv) == 2
     err = capsys.readouterr().err
     assert f"hgpo-jax {argv[0]}: error:" in err and message in err

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from hgpo_jax.models import Qwen2Config, make_mesh
 from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, attention, resolve_attention
 from hgpo_jax.models.tpu_attention import _kernel, splash_attention, splash_blocks
-from hgpo_jax.rl.ppo import token_logprobs
+from hgpo_jax.rl.update import token_logprobs
 
 
 def einsum_reference(q, k, v, lengths):
@@ -160,7 +160,7 @@ def test_plan_for_tpu_compiles_the_flash_standin_for_splash():
     """Off a TPU the plan cannot compile the kernel (only interpret it), so `plan --target tpu`
     compiles flash attention's memory stand-in and says so."""
     from hgpo_jax.config import load_config
-    from hgpo_jax.rl.plan import plan_attention
+    from hgpo_jax.trainers.plan import plan_attention
 
     model_cfg = Qwen2Config()  # Qwen2.5-1.5B: head size 128
     cfg = load_config("tiny_cpu", ["model.compute_dtype=bfloat16"])

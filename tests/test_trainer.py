@@ -18,7 +18,7 @@ from hgpo_jax.cli import main as cli_main
 from hgpo_jax.config import load_config
 from hgpo_jax.metrics import read_metrics
 from hgpo_jax.models import load_pretrained
-from hgpo_jax.rl.trainer import Trainer
+from hgpo_jax.trainers.rl import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,7 +167,7 @@ def test_sigterm_saves_a_checkpoint_before_exit(tmp_path):
 
 
 def test_loss_config_takes_the_algo_settings():
-    from hgpo_jax.rl.trainer import build_loss_config
+    from hgpo_jax.trainers.rl import build_loss_config
 
     lc = build_loss_config(load_config("tiny_cpu", ["algo.entropy_coef=0.02", "algo.kl_coef=0.03",
                                                     "algo.loss_agg=seq-mean"]))
@@ -185,7 +185,7 @@ def test_plan_with_a_critic(capsys):
     """A PPO run's plan adds the critic: its weights (the policy's less the LM head, plus a
     D + 1 head), its AdamW moments, and a peak that holds both models."""
     from hgpo_jax.models.tiny import TINY_CONFIG
-    from hgpo_jax.rl.plan import plan
+    from hgpo_jax.trainers.plan import plan
 
     base = plan(load_config("tiny_cpu_toy"))
     p = plan(load_config("tiny_cpu_ppo", ["rollout.num_groups=2", "rollout.group_size=2"]))
@@ -202,7 +202,7 @@ def _plan_temporaries(tmp_path, layers: int, remat: bool) -> int:
     """Step temporaries per device of a 1024-token, FSDP=2 plan of a small Qwen2 with `layers`."""
     import json
 
-    from hgpo_jax.rl.plan import plan
+    from hgpo_jax.trainers.plan import plan
 
     folder = tmp_path / f"qwen2_{layers}"
     folder.mkdir(exist_ok=True)
@@ -246,8 +246,8 @@ def test_summary_rows_are_numbered_by_the_real_iteration():
 def test_a_failed_start_closes_the_checkpointer(tmp_path, monkeypatch):
     """An error after the checkpoint manager exists (here: the env lookup) closes it, instead of
     leaving Orbax's event loop to be collected later ("Event loop is closed")."""
-    from hgpo_jax.rl import checkpoint
-    from hgpo_jax.rl import trainer as trainer_module
+    from hgpo_jax import checkpoint
+    from hgpo_jax.trainers import rl as trainer_module
 
     closed, close = [], checkpoint.Checkpointer.close
     monkeypatch.setattr(checkpoint.Checkpointer, "close", lambda self: (closed.append(self), close(self)))
@@ -265,7 +265,7 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     import argparse
 
     from hgpo_jax.cli import show_progress
-    from hgpo_jax.sft.trainer import progress_line
+    from hgpo_jax.trainers.sft import progress_line
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert not show_progress(argparse.Namespace(no_progress=False))  # CI, `make run > log`
@@ -313,7 +313,7 @@ def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
     hf = AutoModelForTokenClassification.from_pretrained(out, dtype=torch.float32)
     np.testing.assert_allclose(hf.score.weight.detach().numpy().T, final[1]["score"]["kernel"][...], atol=1e-7)
     from hgpo_jax.config import save_config
-    from hgpo_jax.rl.critic import load_run_critic
+    from hgpo_jax.runs import load_run_critic
 
     save_config(toy_config(tmp_path / "grpo"), str(tmp_path / "grpo" / "config.yaml"))
     with pytest.raises(ValueError, match="only a ppo run has a critic"):

@@ -22,10 +22,12 @@ checked against its sha256 file and unpacked once, atomically, into the cache fo
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 
 from hgpo_jax.envs import data
 from hgpo_jax.envs.data import cache_root, candidate_archives
+from hgpo_jax.envs.episodes import Episode, load_episodes, play_episode, save_episodes, spread
 from hgpo_jax.envs.prompts import task_from_observation
 
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -344,10 +346,87 @@ def _list_tasks(env_cfg, split: str) -> list[str]:
     return list_games(split, env_cfg.data_dir)
 
 
+# --------------------------------------------------------------------------- recorded episodes
+ALFWORLD_KINDS = ("expert", "search")
+
+
+def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int = 0, max_steps: int = 50,
+                      first_index: int = 0, progress: bool = False) -> list[Episode]:
+    """Winning episodes of `games` played through the real ALFWorld engine (every step gets its
+    real observation and admissible actions): kind "expert" replays each game's stored
+    walkthrough (straight to the hidden objects), kind "search" plays ALFWorld's hand-coded
+    expert (`envs.alfworld.SearchExpert`: it looks for the objects receptacle by receptacle;
+    its random choices seeded by `seed` and the game's index, counted from `first_index`, so a
+    list recorded in slices equals the list recorded at once). Games not won within
+    `max_steps` are dropped (with a warning for walkthroughs, which should always win)."""
+    import warnings
+
+    from tqdm.auto import tqdm
+
+    if kind not in ALFWORLD_KINDS:
+        raise ValueError(f"unknown ALFWorld episode kind {kind!r}; use one of {ALFWORLD_KINDS}")
+    env = AlfworldEnv(max_steps=max_steps, facts=kind == "search")
+    out = []
+    try:
+        for i, game in enumerate(tqdm(games, desc=f"{kind} episodes", unit="game", disable=not progress)):
+            if kind == "expert":
+                plan = walkthrough(game)
+                ep = play_episode(env, game, lambda obs, info, t, plan=plan: plan[t],
+                                  min(max_steps, len(plan)), source=f"alfworld:{game}")
+                if not ep.won:
+                    warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
+            else:
+                ep = _search_episode(env, game, seed * 1_000_003 + first_index + i, max_steps)
+            if ep is not None and ep.won:
+                out.append(ep)
+    finally:
+        env.close()
+    return out
+
+
+def _search_episode(env, game: str, seed: int, max_steps: int) -> Episode | None:
+    """One episode of the hand-coded expert on `game`; None when the expert gives up."""
+    from alfworld.agents.expert import HandCodedAgentFailed, HandCodedAgentTimeout
+
+    expert, last = None, ""
+
+    def choose(obs, info, t):
+        nonlocal expert, last
+        if t == 0:
+            expert = SearchExpert(game, obs, seed=seed)
+        last = expert.act(env.state, info["admissible_actions"], last)
+        return last
+
+    try:
+        return play_episode(env, game, choose, max_steps, source=f"alfworld-search:{game}")
+    except (HandCodedAgentFailed, HandCodedAgentTimeout):
+        return None
+
+
+def cached_alfworld_episodes(split: str, num_games: int, data_dir: str | None = None,
+                             progress: bool = False, kind: str = "expert") -> list[Episode]:
+    """Winning episodes (see alfworld_episodes) of `num_games` games spread over a split (sorted
+    paths, so every task type is covered), played once and cached as JSON lines under
+    $HGPO_JAX_CACHE/expert/ (alfworld-SPLIT-N.jsonl; alfworld-SPLIT-search-N.jsonl for "search")."""
+    path = alfworld_episodes_path(split, num_games, kind)
+    if os.path.isfile(path):
+        return load_episodes(path)
+    episodes = alfworld_episodes(spread(list_games(split, data_dir), num_games), kind=kind,
+                                 progress=progress)
+    save_episodes(episodes, path)
+    return episodes
+
+
+def alfworld_episodes_path(split: str, num_games: int, kind: str = "expert") -> str:
+    """Where cached_alfworld_episodes keeps (or finds) its episodes."""
+    name = f"alfworld-{split}-{num_games}" if kind == "expert" else f"alfworld-{split}-{kind}-{num_games}"
+    return os.path.join(cache_root(), "expert", f"{name}.jsonl")
+
+
+
+
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
-    from hgpo_jax.sft.data import ALFWORLD_KINDS, cached_alfworld_episodes
-
     if kind not in ALFWORLD_KINDS:
         raise ValueError(f"sft.data kind {kind!r} is not recorded for ALFWorld; use 'expert' (the "
                          "games' walkthroughs) or 'search' (ALFWorld's hand-coded expert, which "

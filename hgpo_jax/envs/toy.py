@@ -21,6 +21,10 @@ Same protocol and info keys as ALFWorld (`hgpo_jax.envs.base`). Unknown actions 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from hgpo_jax.envs.episodes import Episode
+
 PALETTE = ("red", "blue", "green", "yellow", "white", "black")
 WIN_REWARD = 10.0
 TASK = "open the door of the colour of the button you pressed."
@@ -146,10 +150,35 @@ def _list_tasks(env_cfg, split: str) -> list[int]:
     return [_SPLIT_OFFSET[split] + i for i in range(1000 if split == "train" else 60)]
 
 
+# --------------------------------------------------------------------------- recorded episodes
+def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, max_steps: int = 50,
+                 **env_kwargs) -> list[Episode]:
+    """Toy-env episodes: kind "expert" plays its scripted solution (always wins), "random" a
+    uniformly random admissible action at every step (the format without the skill)."""
+    import numpy as np
+
+    from hgpo_jax.envs.episodes import play_episode
+
+    if kind not in ("expert", "random"):
+        raise ValueError(f"unknown toy episode kind {kind!r}; use 'expert' or 'random'")
+    env = ToyMemoryEnv(max_steps=max_steps, **env_kwargs)
+    rng = np.random.default_rng(seed)
+    out = []
+    for task in tasks:
+        if kind == "expert":
+            env.reset(task)
+            plan = env.solution()
+            choose = lambda obs, info, t, plan=plan: plan[t]  # noqa: E731
+        else:
+            choose = lambda obs, info, t: str(rng.choice(info["admissible_actions"]))  # noqa: E731
+        out.append(play_episode(env, task, choose, max_steps, source=f"toy:{task}"))
+    return out
+
+
+
+
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
-    from hgpo_jax.sft.data import toy_episodes
-
     return toy_episodes(_list_tasks(env_cfg, split)[:n], kind, seed=seed,
                         max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
 

@@ -621,7 +621,7 @@ def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0) -> Qwen2Critic:
 
 def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
     """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
-    L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.ppo.shard_params` puts them
+    L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.update.shard_params` puts them
     back on a mesh's partition rules). Changes `model` in place and returns it (unchanged when the
     layout already matches)."""
     if model.scan_layers == scan_layers:

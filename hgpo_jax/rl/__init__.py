@@ -11,6 +11,7 @@ from hgpo_jax.rl.advantages import (
     MODES,
     PENALTY_PLACEMENTS,
     STATS,
+    AdvantageOptions,
     compute_step_advantages,
     device_step_advantages,
     step_advantages_from_index,
@@ -32,6 +33,7 @@ from hgpo_jax.rl.loss import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, p
 
 __all__ = [
     "AGGS",
+    "AdvantageOptions",
     "ESTIMATORS",
     "INVALID_PENALTY",
     "KL_TYPES",

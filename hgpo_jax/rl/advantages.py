@@ -35,6 +35,7 @@ float32 code gives such a group a spurious advantage of about +/-0.3-0.6 instead
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -42,6 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hgpo_jax.config import (ESTIMATORS, LEVEL_WEIGHTS, MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS,
+                             STATS, one_score_conflict)
+from hgpo_jax.rl.batching import bucket
 from hgpo_jax.rl.grouping import (
     GroupIndex,
     StepBatch,
@@ -54,13 +58,7 @@ from hgpo_jax.rl.grouping import (
     prepare_batch,
 )
 
-ESTIMATORS = ("grpo", "rloo", "gigpo", "hgpo")
-MODES = ("mean_std_norm", "mean_norm")
-PENALTY_PLACEMENTS = ("row", "reward")
-STATS = ("verl-agent", "paper")
-LEVEL_WEIGHTS = ("verl-agent", "paper")
 INVALID_PENALTY = 0.1  # the paper's and the authors' invalid-action penalty
-MIN_BUCKET = 64
 _ZERO_TOL = 8.0 * 2.0**-24  # float32 unit roundoff times a safety factor
 
 
@@ -231,12 +229,6 @@ def device_step_advantages(returns, step_ids, step_sizes, episode, ep_ids, ep_si
 # Host wrappers: padding to buckets
 
 
-def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
-    """Smallest power of two >= max(n, minimum): padded sizes, so jit compiles once per bucket."""
-    m = max(int(n), int(minimum), 1)
-    return 1 << (m - 1).bit_length()
-
-
 def pad_rows(a: np.ndarray, rows: int, fill) -> np.ndarray:
     """`a` [M, ...] padded with `fill` to [rows, ...]."""
     out = np.full((rows,) + a.shape[1:], fill, dtype=a.dtype)
@@ -251,13 +243,13 @@ def _pad_index(index: GroupIndex) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_advantages_from_index(estimator: str, returns: np.ndarray, step_index: GroupIndex | None,
-                               episode: np.ndarray, episode_index: GroupIndex, ep_of_row: np.ndarray, *,
-                               alpha: float = 1.0, mode: str = "mean_std_norm", omega: float = 1.0,
-                               eps: float = 1e-6, stats: str = "verl-agent",
-                               level_weights: str = "verl-agent", base_group: bool = False) -> np.ndarray:
+                               episode: np.ndarray, episode_index: GroupIndex, ep_of_row: np.ndarray,
+                               options: AdvantageOptions | None = None) -> np.ndarray:
     """Pad the host tensors to buckets, run `device_step_advantages`, slice back.
 
     Args:
+      options: the estimators' options (alpha, mode, omega, eps, stats, level_weights and
+        base_group are used here); None: the defaults.
       returns: [N] returns R_t (any float dtype; cast to float32).
       step_index: GroupIndex over the N rows (required for gigpo/hgpo).
       episode: [E] episode-level values. episode_index: GroupIndex over the E units (ids [E, 1]).
@@ -265,6 +257,8 @@ def step_advantages_from_index(estimator: str, returns: np.ndarray, step_index: 
     Returns:
       float32 [N], rows in the order of `returns`.
     """
+    o = AdvantageOptions() if options is None else options
+    base_group = o.base_group
     n = int(returns.shape[0])
     rows = bucket(n)
     f32 = np.float32
@@ -284,8 +278,8 @@ def step_advantages_from_index(estimator: str, returns: np.ndarray, step_index: 
         episode_p = pad_rows(np.asarray(episode, f32), ep_ids.shape[0], 0.0)
         ep_of_row_p = pad_rows(np.asarray(ep_of_row, np.int32), rows, 0)
     out = device_step_advantages(returns_p, step_ids, step_sizes, episode_p, ep_ids, ep_sizes,
-                                 ep_of_row_p, f32(alpha), f32(omega), f32(eps), estimator=estimator,
-                                 mode=mode, stats=stats, level_weights=level_weights,
+                                 ep_of_row_p, f32(o.alpha), f32(o.omega), f32(o.eps), estimator=estimator,
+                                 mode=o.mode, stats=o.stats, level_weights=o.level_weights,
                                  base_group=bool(base_group and estimator == "hgpo"))
     return np.asarray(out)[:n]
 
@@ -324,36 +318,78 @@ def penalized_returns(batch: StepBatch, gamma: float, invalid_penalty: float,
 # Public entry point
 
 
-def _check_options(estimator, mode, gamma, K, alpha, omega, eps, invalid_penalty, penalty_placement,
-                   stats, level_weights, base_group) -> None:
-    for name, value, allowed in (("estimator", estimator, ESTIMATORS), ("mode", mode, MODES),
-                                 ("penalty_placement", penalty_placement, PENALTY_PLACEMENTS),
-                                 ("stats", stats, STATS), ("level_weights", level_weights, LEVEL_WEIGHTS)):
-        if value not in allowed:
-            raise ValueError(f"unknown {name} {value!r}; expected one of {allowed}")
-    _check_K(K)
-    for name, value in (("gamma", gamma), ("alpha", alpha), ("omega", omega), ("eps", eps),
-                        ("invalid_penalty", invalid_penalty)):
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if invalid_penalty < 0:
-        raise ValueError(f"invalid_penalty is subtracted from invalid steps and must be >= 0, got "
-                         f"{invalid_penalty} (the paper's is 0.1)")
-    if not isinstance(base_group, (bool, np.bool_)):
-        raise ValueError(f"base_group must be True or False, got {base_group!r}")
+@dataclasses.dataclass(frozen=True)
+class AdvantageOptions:
+    """Every option of the group estimators (docs/advantages.md), checked once when built: the one
+    list of them (a run builds it from its config with `from_config`). The defaults reproduce the
+    authors' code (verl-agent).
+
+      invalid_penalty: subtracted for each invalid step (>= 0), placed per `penalty_placement`.
+      gamma: discount of R_t (gigpo step term, hgpo). K: highest hgpo context depth (>= 0).
+      alpha: hgpo level weight exponent. omega: gigpo step-term weight.
+      mode: "mean_std_norm" ((x-mean)/(std+eps)) or "mean_norm" (x-mean); rloo ignores it.
+      eps: added to the std (and to hgpo's weight sum with verl-agent weights).
+      penalty_placement: "row" or "reward". stats: "verl-agent" or "paper".
+      level_weights: "verl-agent" or "paper". base_group: hgpo's optional episode-level item.
+    Raises ValueError (naming the option) when built with a bad value.
+    """
+
+    invalid_penalty: float = INVALID_PENALTY
+    gamma: float = 0.95
+    K: int = 2
+    alpha: float = 1.0
+    mode: str = "mean_std_norm"
+    omega: float = 1.0
+    eps: float = 1e-6
+    penalty_placement: str = "row"
+    stats: str = "verl-agent"
+    level_weights: str = "verl-agent"
+    base_group: bool = False
+
+    @classmethod
+    def from_config(cls, algo) -> AdvantageOptions:
+        """The options of a config's `algo` section (its fields of the same names)."""
+        return cls(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(cls)})
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("mode", MODES), ("penalty_placement", PENALTY_PLACEMENTS),
+                              ("stats", STATS), ("level_weights", LEVEL_WEIGHTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; expected one of {allowed}")
+        _check_K(self.K)
+        for name in ("gamma", "alpha", "omega", "eps", "invalid_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.eps < 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if self.invalid_penalty < 0:
+            raise ValueError(f"invalid_penalty is subtracted from invalid steps and must be >= 0, "
+                             f"got {self.invalid_penalty} (the paper's is 0.1)")
+        if not isinstance(self.base_group, (bool, np.bool_)):
+            raise ValueError(f"base_group must be True or False, got {self.base_group!r}")
+
+
+def check_estimator(estimator: str) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+
+
+def resolve_options(options: AdvantageOptions | None, overrides: dict) -> AdvantageOptions:
+    """`options`, or the options built from keyword `overrides` (not both)."""
+    if options is None:
+        return AdvantageOptions(**overrides)
+    if overrides:
+        raise TypeError(f"give either options= or the keywords {sorted(overrides)}, not both")
+    return options
 
 
 def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchors, rewards, *,
-                            valid=None, invalid_penalty: float = INVALID_PENALTY, gamma: float = 0.95,
-                            K: int = 2, alpha: float = 1.0, mode: str = "mean_std_norm",
-                            omega: float = 1.0, eps: float = 1e-6, penalty_placement: str = "row",
-                            stats: str = "verl-agent", level_weights: str = "verl-agent",
-                            base_group: bool = False) -> np.ndarray:
+                            valid=None, options: AdvantageOptions | None = None,
+                            **overrides) -> np.ndarray:
     """Per-step advantages for a flat batch of steps, in the input order.
 
     The defaults reproduce the authors' code (verl-agent); see the module docstring and
@@ -367,40 +403,31 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
       anchors: [N] hashables (the raw observation text).
       rewards: [N] finite floats, the env's reward of each step (no penalty in it).
       valid: [N] bools, whether each step's reply held a valid action; None = all valid.
-      invalid_penalty: subtracted for each invalid step (>= 0), placed per `penalty_placement`.
-      gamma: discount of R_t (gigpo step term, hgpo). K: highest hgpo context depth (>= 0).
-      alpha: hgpo level weight exponent. omega: gigpo step-term weight.
-      mode: "mean_std_norm" ((x-mean)/(std+eps)) or "mean_norm" (x-mean); rloo ignores it.
-      eps: added to the std (and to hgpo's weight sum with verl-agent weights).
-      penalty_placement: "row" or "reward". stats: "verl-agent" or "paper".
-      level_weights: "verl-agent" or "paper". base_group: hgpo's optional episode-level item.
+      options: an `AdvantageOptions`; or, instead, its fields as keywords (e.g. K=2, mode=...).
     Returns:
       float32 [N]. An empty batch gives an empty array.
     Raises:
       ValueError for bad input or options (see `prepare_batch`); for stats="paper" with
       penalty_placement="row" when a penalized step exists (a trajectory then has no single score).
     """
-    _check_options(estimator, mode, gamma, K, alpha, omega, eps, invalid_penalty, penalty_placement,
-                   stats, level_weights, base_group)
+    check_estimator(estimator)
+    o = resolve_options(options, overrides)
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
     if batch.num_steps == 0:
         return np.zeros(0, np.float32)
-    returns, score = penalized_returns(batch, gamma, invalid_penalty, penalty_placement)
-    step_index = build_step_groups(batch, K if estimator == "hgpo" else 0) \
+    returns, score = penalized_returns(batch, o.gamma, o.invalid_penalty, o.penalty_placement)
+    step_index = build_step_groups(batch, o.K if estimator == "hgpo" else 0) \
         if estimator in ("gigpo", "hgpo") else None
-    if stats == "verl-agent":  # one episode value per row
+    if o.stats == "verl-agent":  # one episode value per row
         episode, episode_index, ep_of_row = score, build_row_task_groups(batch), np.arange(batch.num_steps)
     else:  # one episode value per trajectory
-        uses_episode = estimator != "hgpo" or base_group
-        if uses_episode and penalty_placement == "row" and invalid_penalty and not batch.valid.all():
-            raise ValueError("stats='paper' gives each trajectory one score, but with "
-                             "penalty_placement='row' the invalid steps of a trajectory carry "
+        if one_score_conflict(estimator, o.stats, o.penalty_placement, o.invalid_penalty,
+                              o.base_group) and not batch.valid.all():
+            raise ValueError(f"{ONE_SCORE_CONFLICT}: the invalid steps of a trajectory carry "
                              "different scores; use penalty_placement='reward' with stats='paper'")
         episode, episode_index, ep_of_row = score[batch.traj_start], build_trajectory_groups(batch), batch.traj
     canonical = step_advantages_from_index(estimator, returns, step_index, episode, episode_index,
-                                           ep_of_row, alpha=alpha, mode=mode, omega=omega, eps=eps,
-                                           stats=stats, level_weights=level_weights,
-                                           base_group=base_group)
+                                           ep_of_row, o)
     out = np.empty(batch.num_steps, np.float32)
     out[batch.order] = canonical
     return out

@@ -42,6 +42,15 @@ class TrainBatch:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "num_rows"}
 
 
+MIN_BUCKET = 64
+
+
+def bucket(n: int, minimum: int = MIN_BUCKET) -> int:
+    """Smallest power of two >= max(n, minimum): padded sizes, so jit compiles once per bucket."""
+    m = max(int(n), int(minimum), 1)
+    return 1 << (m - 1).bit_length()
+
+
 def bucket_length(n: int, multiple: int = 64) -> int:
     """Round a sequence length up to a multiple of `multiple` (few distinct compiled shapes)."""
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
@@ -64,7 +73,7 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequen
     """Rows -> TrainBatch. Rows are right-padded; S is padded to a multiple of `row_multiple`.
     shape: a larger (S, L) to pad to (every process of a multi-process run packs to the largest
     `packed_shape` of all); default `packed_shape`.
-    max_response: the log-prob window (`rl.ppo.token_logprobs`); a longer response is an error."""
+    max_response: the log-prob window (`rl.update.token_logprobs`); a longer response is an error."""
     n = len(prompt_ids)
     if not (len(response_ids) == len(advantages) == n) or (sample_logp is not None and len(sample_logp) != n):
         raise ValueError(f"pack_rows: {n} prompts, {len(response_ids)} responses, "
@@ -179,10 +188,6 @@ class MicroBatch:
         return self.rows.size, self.length
 
 
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
 def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
                                shards: int = 1) -> list[MicroBatch]:
     """Split rows into micro-batches of at most `budget` padded tokens per device.
@@ -221,7 +226,7 @@ def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
             raise ValueError(f"train.max_tokens_per_micro_batch={budget} is smaller than a row "
                              f"padded to {length} tokens; set it to at least {ladder[-1]}")
         need = -(-(count - i) // shards)  # rows per device for all the remaining ranks
-        per_device = min(per_device, _next_power_of_two(need))
+        per_device = min(per_device, bucket(need, 1))
         take = min(per_device * shards, count - i)
         rows = np.full((lengths.shape[0], per_device * shards), -1, np.int64)
         rows[:, :take] = np.where(ranked[:, i:i + take] > 0, orders[:, i:i + take], -1)
@@ -233,7 +238,7 @@ def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
 def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Per-row loss weights under which a mini-batch split any other way has the loss of the
-    fixed split (`rl.ppo.make_update_step`): the mean over `num_micro` micro-batches of each one's
+    fixed split (`rl.update.make_update_step`): the mean over `num_micro` micro-batches of each one's
     aggregate, micro-batch j holding the global rows j, j + num_micro, j + 2 num_micro, ...
 
     response_tokens: [P, M] (or [M]) response tokens of every process's rows of the mini-batch;

@@ -19,25 +19,25 @@ What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
   mask (no 1/2), c = `critic.cliprange_value` (0.5); values for GAE and for the clip come from the
   critic before this iteration's update.
 
-Layout: every [S, W] array here is a row's response window (`rl.ppo.response_window`): column t
-is response token t, W = rollout.max_new_tokens (verl's response_length). `rl.ppo.window_to_rows`
+Layout: every [S, W] array here is a row's response window (`rl.update.response_window`): column t
+is response token t, W = rollout.max_new_tokens (verl's response_length). `rl.update.window_to_rows`
 puts a window array back at the rows' token positions [S, L] for the actor's loss.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from hgpo_jax.config import CRITIC_ESTIMATOR
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.ppo import batch_sharding, make_update_step, window_predictors, window_to_rows
+from hgpo_jax.rl.update import batch_sharding, make_update_step, window_predictors, window_to_rows
 
-ESTIMATOR = "ppo"  # algo.estimator of a run with a critic
+ESTIMATOR = CRITIC_ESTIMATOR  # algo.estimator of a run with a critic
 WHITEN_EPS = 1e-8
 CRITIC_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "values": 2,
                 "returns": 2}  # the critic step's mini-batch: key -> ndim
@@ -160,34 +160,11 @@ def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
 # --------------------------------------------------------------------------- the run's critic
 def critic_optimizer(cfg):
     """The critic's AdamW (`cfg.critic`: constant lr after an optional linear warm-up)."""
-    from hgpo_jax.rl.ppo import make_optimizer
+    from hgpo_jax.rl.update import make_optimizer
 
     c = cfg.critic
     return make_optimizer(c.lr, weight_decay=c.weight_decay, max_grad_norm=c.max_grad_norm,
                           warmup_steps=c.warmup_steps, schedule="constant", b1=c.b1, b2=c.b2)
-
-
-def load_run_critic(run_dir: str, progress: bool = False):
-    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer)."""
-    from hgpo_jax.config import load_config
-    from hgpo_jax.models.qwen2 import critic_from_policy
-    from hgpo_jax.rl.checkpoint import Checkpointer
-    from hgpo_jax.rl.ppo import init_opt_state
-    from hgpo_jax.runs import CHECKPOINTS, load_model
-
-    cfg = load_config(run_dir)
-    if cfg.algo.estimator != ESTIMATOR:
-        raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
-                         f"{ESTIMATOR} run has a critic")
-    policy, tokenizer, _ = load_model(run_dir, progress=progress)
-    graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
-    like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
-    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
-    try:
-        state, _, _ = ckpt.restore_latest(like)
-    finally:
-        ckpt.close()
-    return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
 
 
 class Critic:
@@ -200,7 +177,7 @@ class Critic:
 
     def __init__(self, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0):
         from hgpo_jax.models.qwen2 import critic_from_policy
-        from hgpo_jax.rl.ppo import init_opt_state, param_shardings, shard_params
+        from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
         c, window = cfg.critic, cfg.rollout.max_new_tokens
         self.graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)

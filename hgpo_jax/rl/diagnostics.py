@@ -23,22 +23,14 @@ import numpy as np
 from hgpo_jax.rl.advantages import (
     ESTIMATORS,
     INVALID_PENALTY,
-    LEVEL_WEIGHTS,
-    STATS,
-    _check_options,
+    AdvantageOptions,
     compute_step_advantages,
     penalized_returns,
+    resolve_options,
 )
 from hgpo_jax.rl.grouping import StepBatch, _as_1d, full_history_ids, prepare_batch
 
 DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo")
-
-
-def _check_oracle_options(mode, gamma, eps, invalid_penalty, penalty_placement) -> None:
-    # The same checks and messages as compute_step_advantages; the options the oracle does not
-    # use get valid placeholders.
-    _check_options("hgpo", mode, gamma, 0, 1.0, 1.0, eps, invalid_penalty, penalty_placement,
-                   STATS[0], LEVEL_WEIGHTS[0], False)
 
 
 def oracle_from_batch(batch: StepBatch, *, gamma: float, invalid_penalty: float, penalty_placement: str,
@@ -87,7 +79,9 @@ def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=N
       (adv float32 [N]: the oracle advantage, 0 where the step is not an oracle step;
        is_oracle bool [N]: whether another step shares the step's task and anchors a_0..a_t).
     """
-    _check_oracle_options(mode, gamma, eps, invalid_penalty, penalty_placement)
+    # the estimators' checks and messages (the options the oracle does not use keep their defaults)
+    AdvantageOptions(mode=mode, gamma=gamma, eps=eps, invalid_penalty=invalid_penalty,
+                     penalty_placement=penalty_placement)
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
     adv, is_oracle = oracle_from_batch(batch, gamma=gamma, invalid_penalty=invalid_penalty,
                                        penalty_placement=penalty_placement, mode=mode, eps=eps)
@@ -96,20 +90,18 @@ def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=N
     return out, flag
 
 
-def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=None, K: int = 2,
-                     estimators=DEFAULT_ESTIMATORS, invalid_penalty: float = INVALID_PENALTY,
-                     gamma: float = 0.95, alpha: float = 1.0, mode: str = "mean_std_norm",
-                     omega: float = 1.0, eps: float = 1e-6, penalty_placement: str = "row",
-                     stats: str = "verl-agent", level_weights: str = "verl-agent",
-                     base_group: bool = False) -> dict[str, dict[str, float]]:
+def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=None,
+                     estimators=DEFAULT_ESTIMATORS, options: AdvantageOptions | None = None,
+                     **overrides) -> dict[str, dict[str, float]]:
     """Each estimator's deviation from the oracle advantages over the batch's oracle steps.
 
     Args:
       task_ids, traj_ids, step_ids, anchors, rewards, valid: [N] as for `compute_step_advantages`.
       estimators: names from `ESTIMATORS` (a single name may be given as a string).
-      K and the other options: passed unchanged to `compute_step_advantages` for every estimator,
-        so each is measured as configured; the oracle uses invalid_penalty, gamma,
-        penalty_placement, mode and eps (its groups use the population std whatever `stats`).
+      options: an `AdvantageOptions` (or its fields as keywords, e.g. K=2), passed unchanged to
+        `compute_step_advantages` for every estimator, so each is measured as configured; the
+        oracle uses invalid_penalty, gamma, penalty_placement, mode and eps (its groups use the
+        population std whatever `stats`).
     Returns:
       {estimator: {"bias": mean(d), "abs_dev": mean(|d|), "rmse": sqrt(mean(d^2)),
       "coverage": oracle steps / N}} with d = A_estimator - A_oracle over the oracle steps (float64
@@ -125,20 +117,16 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
     unknown = [e for e in estimators if e not in ESTIMATORS]
     if unknown:
         raise ValueError(f"unknown estimator(s) {unknown}; expected names from {ESTIMATORS}")
-    options = dict(K=K, invalid_penalty=invalid_penalty, gamma=gamma, alpha=alpha, mode=mode, omega=omega,
-                   eps=eps, penalty_placement=penalty_placement, stats=stats, level_weights=level_weights,
-                   base_group=base_group)
-    # The option checks of compute_step_advantages (they do not depend on the estimator), up
-    # front: also with no estimator, and before any work.
-    _check_options("hgpo", mode, gamma, K, alpha, omega, eps, invalid_penalty, penalty_placement, stats,
-                   level_weights, base_group)
+    # the options are checked up front: also with no estimator, and before any work
+    o = resolve_options(options, overrides)
     # The hashable columns are read more than once (oracle, then each estimator): a one-shot
     # iterable becomes a list. (The numeric ones must be array-like for prepare_batch anyway.)
     task_ids, traj_ids, anchors = (_as_1d(task_ids, "task_ids"), _as_1d(traj_ids, "traj_ids"),
                                    _as_1d(anchors, "anchors"))
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
-    canonical, canonical_flag = oracle_from_batch(batch, gamma=gamma, invalid_penalty=invalid_penalty,
-                                                  penalty_placement=penalty_placement, mode=mode, eps=eps)
+    canonical, canonical_flag = oracle_from_batch(batch, gamma=o.gamma, invalid_penalty=o.invalid_penalty,
+                                                  penalty_placement=o.penalty_placement, mode=o.mode,
+                                                  eps=o.eps)
     n = batch.num_steps
     oracle, is_oracle = np.zeros(n, np.float64), np.zeros(n, bool)
     oracle[batch.order], is_oracle[batch.order] = canonical, canonical_flag
@@ -146,7 +134,7 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
     result = {}
     for estimator in estimators:
         adv = compute_step_advantages(estimator, task_ids, traj_ids, step_ids, anchors, rewards, valid=valid,
-                                      **options)
+                                      options=o)
         d = adv[is_oracle].astype(np.float64) - oracle[is_oracle]
         if d.size:
             bias, abs_dev, rmse = float(d.mean()), float(np.abs(d).mean()), math.sqrt(float((d * d).mean()))

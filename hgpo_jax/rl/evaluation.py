@@ -23,7 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-EVAL_PROTOCOLS = ("verl-agent", "each-once")
+from hgpo_jax.config import EVAL_PROTOCOLS
+
 SEED_OFFSET = 1000  # the authors' validation envs are seeded env.seed + 1000 + env index
 
 

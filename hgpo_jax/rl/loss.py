@@ -11,7 +11,7 @@ response tokens that count (1) and padding (0).
             kl (k1): logp - ref        mse (k2): 0.5 * (logp - ref)^2
   entropy = per-token entropy of the policy's next-token distribution over the vocabulary,
             logsumexp(z) - sum_v softmax(z)_v z_v of the fp32 logits z (`entropy_from_logits`;
-            an input here, computed by `hgpo_jax.rl.ppo.token_logprobs(..., with_entropy=True)`)
+            an input here, computed by `hgpo_jax.rl.update.token_logprobs(..., with_entropy=True)`)
   loss    = agg(pg) - entropy_coef * agg(entropy) + kl_coef * agg(kl)
 
 Aggregation `agg`: "token-mean" = sum(x * mask) / sum(mask) over the whole batch; "seq-mean" =
@@ -29,8 +29,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-KL_TYPES = ("low_var_kl", "kl", "mse")
-AGGS = ("token-mean", "seq-mean")
+from hgpo_jax.config import AGGS, KL_TYPES
 
 
 def masked_mean(x, mask):

@@ -38,7 +38,7 @@ import dataclasses
 import math
 import time
 from functools import partial
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,7 @@ from hgpo_jax.distributed import local_rows, max_over_processes
 from hgpo_jax.models.qwen2 import KVCache, relayout_layers, resolve_attention
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
-from hgpo_jax.rl.advantages import bucket
+from hgpo_jax.rl.batching import bucket
 
 DEFAULT_SEED = 0  # rng=None samples with jax.random.PRNGKey(DEFAULT_SEED)
 MIN_PROMPT_BUCKET = 32
@@ -270,15 +270,40 @@ def _sample_step(logits, key, temperature, top_p, static: _Static):
                         top_p=top_p if static.use_top_p else 1.0)
 
 
-def _record(i, token, lp, mlp, done, buffers, lengths, eos_ids):
-    """Write step i's outputs for rows not yet done; -> (buffers, lengths, done)."""
-    toks, lps, mlps = buffers
+class Samples(NamedTuple):
+    """The new tokens drawn so far: tokens int32 [B, N] (PAD_ID after a row's end), their
+    log-probs under the sampling distribution and under the model, float32 [B, N] (0 after)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    model_logprobs: jax.Array
+
+
+class DecodeState(NamedTuple):
+    """The decode loop's carry (`_prefill_program` makes it, `_decode_program` runs it on).
+
+    step: int32 [], the next new token's index; token: int32 [B], the last token drawn; cache:
+    the KV cache (P + N slots); done: bool [B], rows finished (an eos, or a dummy row); samples:
+    `Samples`; lengths: int32 [B], new tokens kept per row (up to and including its first eos);
+    keys: uint32 [B, 2], each row's sampling key (`row_keys`)."""
+
+    step: jax.Array
+    token: jax.Array
+    cache: KVCache
+    done: jax.Array
+    samples: Samples
+    lengths: jax.Array
+    keys: jax.Array
+
+
+def _record(i, token, lp, mlp, done, samples: Samples, lengths, eos_ids):
+    """Write step i's outputs for rows not yet done; -> (samples, lengths, done)."""
     active = ~done
-    buffers = (toks.at[:, i].set(jnp.where(active, token, PAD_ID)),
-               lps.at[:, i].set(jnp.where(active, lp, 0.0)),
-               mlps.at[:, i].set(jnp.where(active, mlp, 0.0)))
+    samples = Samples(samples.tokens.at[:, i].set(jnp.where(active, token, PAD_ID)),
+                      samples.logprobs.at[:, i].set(jnp.where(active, lp, 0.0)),
+                      samples.model_logprobs.at[:, i].set(jnp.where(active, mlp, 0.0)))
     is_eos = jnp.any(token[:, None] == eos_ids[None, :], axis=-1)
-    return buffers, lengths + active.astype(jnp.int32), done | (active & is_eos)
+    return samples, lengths + active.astype(jnp.int32), done | (active & is_eos)
 
 
 def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_ids, rng,
@@ -290,9 +315,8 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_i
     bucket); row_ids int32 [B] (each row's id: its keys are `row_keys(rng, row_ids)`, and new
     token i of a row is drawn with `token_keys(keys, i)`); eos_ids int32 [E]; rng raw key;
     temperature, top_p float32 [].
-    Returns the decode loop's carry: (step 1, token [B], cache with P + N slots, done [B],
-    (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]), lengths int32 [B],
-    row keys uint32 [B, 2]).
+    Returns the decode loop's carry, a `DecodeState` at step 1 (the first token drawn, the cache
+    with P + N slots).
     """
     model = _sampling_model(graphdef, state, static)
     B, Pn = input_ids.shape
@@ -311,11 +335,11 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_i
     keys = row_keys(rng, row_ids)
     token, lp, mlp = _sample_step(model.logits(hidden[:, -1]), token_keys(keys, 0), temperature,
                                   top_p, static)
-    buffers = (jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32),
-               jnp.zeros((B, N), jnp.float32))
-    buffers, lengths, done = _record(0, token, lp, mlp, ~row_valid, buffers,
+    samples = Samples(jnp.zeros((B, N), jnp.int32), jnp.zeros((B, N), jnp.float32),
+                      jnp.zeros((B, N), jnp.float32))
+    samples, lengths, done = _record(0, token, lp, mlp, ~row_valid, samples,
                                      jnp.zeros((B,), jnp.int32), eos_ids)
-    return jnp.int32(1), token, cache, done, buffers, lengths, keys
+    return DecodeState(jnp.int32(1), token, cache, done, samples, lengths, keys)
 
 
 def _chunked_prefill(model, input_ids, attention_mask, cache: KVCache, chunk: int, mesh):
@@ -414,29 +438,28 @@ def prefill_row_groups(requested: int, rows: int, prompt_slots: int) -> int:
     return groups
 
 
-def _decode_program(state, carry, eos_ids, temperature, top_p, n_new, *, graphdef,
-                    static: _Static):
+def _decode_program(state, carry: DecodeState, eos_ids, temperature, top_p, n_new, *, graphdef,
+                    static: _Static) -> DecodeState:
     """The decode loop on device: one `lax.while_loop` step per token until every row has an eos
     or n_new (int32 [] <= N) tokens. carry: `_prefill_program`'s output (donated: the loop
-    updates the KV cache in place instead of copying it). Returns the loop's final carry, of
-    which the caller reads (tokens int32 [B, N], logprobs, model_logprobs float32 [B, N]) and
-    lengths int32 [B] (tokens of each row up to and including its first eos, at most n_new);
-    returning all of it lets every donated buffer alias an output."""
+    updates the KV cache in place instead of copying it). Returns the loop's final state, of
+    which the caller reads `samples` and `lengths` (at most n_new per row); returning all of it
+    lets every donated buffer alias an output."""
     model = _sampling_model(graphdef, state, static)
 
-    def cond(carry):
-        i, _, _, done, *_ = carry
-        return (i < n_new) & ~jnp.all(done)
+    def cond(s: DecodeState):
+        return (s.step < n_new) & ~jnp.all(s.done)
 
-    def body(carry):
-        i, prev, cache, done, buffers, lengths, keys = carry
+    def body(s: DecodeState) -> DecodeState:
         # finished rows feed a masked token: they write nothing the other rows could see
-        hidden, cache = model.hidden_states(prev[:, None], attention_mask=~done[:, None],
-                                            cache=cache)
-        token, lp, mlp = _sample_step(model.logits(hidden[:, 0]), token_keys(keys, i),
+        hidden, cache = model.hidden_states(s.token[:, None], attention_mask=~s.done[:, None],
+                                            cache=s.cache)
+        token, lp, mlp = _sample_step(model.logits(hidden[:, 0]), token_keys(s.keys, s.step),
                                       temperature, top_p, static)
-        buffers, lengths, done = _record(i, token, lp, mlp, done, buffers, lengths, eos_ids)
-        return i + 1, token, cache, done, buffers, lengths, keys
+        samples, lengths, done = _record(s.step, token, lp, mlp, s.done, s.samples, s.lengths,
+                                         eos_ids)
+        return s._replace(step=s.step + 1, token=token, cache=cache, done=done, samples=samples,
+                          lengths=lengths)
 
     return jax.lax.while_loop(cond, body, carry)
 
@@ -700,9 +723,9 @@ class Sampler:
         t0 = time.perf_counter()
         carry = jax.block_until_ready(prefill(*_prefill_args(args)))
         t1 = time.perf_counter()
-        _, _, _, _, buffers, lengths, _ = jax.block_until_ready(decode(*_decode_args(args, carry)))
+        final = jax.block_until_ready(decode(*_decode_args(args, carry)))
         t2 = time.perf_counter()
-        toks, lps, mlps, lengths = (local_rows(x, mesh) for x in (*buffers, lengths))
+        toks, lps, mlps, lengths = (local_rows(x, mesh) for x in (*final.samples, final.lengths))
         n = len(prompts)
         return GenerateOutput(
             tokens=[toks[r, :lengths[r]].tolist() for r in range(n)],

@@ -1,2 +1,2 @@
-"""Supervised warm start: expert episodes -> rollout-identical samples -> next-token loss on the
-responses (docs/sft.md)."""
+"""Supervised data for the warm start: recorded episodes and JSONL turns -> rollout-identical
+samples (docs/sft.md; the trainer is `hgpo_jax.trainers.sft`)."""

@@ -1,6 +1,6 @@
 """Supervised samples for the warm start: episodes -> (prompt, response) turns -> token ids.
 
-    episodes = toy_episodes(range(100), kind="expert")          # or "random", alfworld_episodes(games)
+    episodes = get_env("toy").record_episodes(env_cfg, "train", 100, "expert")  # hgpo_jax.envs.episodes
     texts = samples_from_episodes(episodes, 2, get_env("toy").build_prompt)  # [(prompt, response)]
     samples = tokenize_samples(texts, tokenizer, max_prompt_tokens=512)    # [SftSample]
 
@@ -11,12 +11,11 @@ the policy's format, a short reasoning line in <think> </think> and the action i
 <action> </action>, followed by the end-of-turn token, so the model learns to stop. The loss
 covers the response tokens only.
 
-Sources: expert episodes (ALFWorld: each game's walkthrough played through the real engine, so
-every step has its real observation and admissible actions; toy env: its scripted solution),
-ALFWorld "search" episodes (ALFWorld's hand-coded expert, which looks for the objects instead of
-going straight to them), "random" episodes (a uniformly random admissible action at every step:
-the reply format without the skill), and any JSONL file of {"prompt": ..., "response": ...} chat
-turns.
+Sources: the episodes each env records with its scripted policies (`EnvSpec.record_episodes`,
+`hgpo_jax.envs.episodes`; ALFWorld: each game's walkthrough or its hand-coded searching expert
+played through the real engine, so every step has its real observation and admissible actions;
+toy env: its scripted solution or random actions; WebShop: its shoppers), and any JSONL file of
+{"prompt": ..., "response": ...} chat turns.
 """
 
 from __future__ import annotations
@@ -24,32 +23,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
-import numpy as np
-
+from hgpo_jax.envs.episodes import Episode
 from hgpo_jax.envs.prompts import Turn, build_prompt
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One step of a recorded episode: what the env showed and what was done."""
-
-    observation: str
-    admissible: tuple[str, ...]
-    action: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Episode:
-    """A recorded episode. task: the text the prompts show as the task; source: where it came
-    from (e.g. 'toy:3', 'alfworld:<game path>')."""
-
-    task: str
-    steps: tuple[Step, ...]
-    won: bool
-    source: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,154 +41,6 @@ class SftSample:
 def response_text(action: str) -> str:
     """The policy's reply format for `action`: a short reasoning line, then the action."""
     return f"<think>I will {action}.</think><action>{action}</action>"
-
-
-# ---------------------------------------------------------------------------------- episodes
-def play_episode(env, task, choose: Callable[[str, dict, int], str], max_steps: int,
-                 source: str = "") -> Episode:
-    """Run one episode of `env` on `task`; choose(observation, info, t) -> action string."""
-    obs, info = env.reset(task)
-    task_text = info.get("task", "")
-    steps, won = [], False
-    for t in range(max_steps):
-        action = choose(obs, info, t)
-        steps.append(Step(obs, tuple(info["admissible_actions"]), action))
-        obs, _, done, info = env.step(action)
-        won = bool(info.get("won", False))
-        if done:
-            break
-    return Episode(task_text, tuple(steps), won, source)
-
-
-def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, max_steps: int = 50,
-                 **env_kwargs) -> list[Episode]:
-    """Toy-env episodes: kind "expert" plays its scripted solution (always wins), "random" a
-    uniformly random admissible action at every step (the format without the skill)."""
-    from hgpo_jax.envs.toy import ToyMemoryEnv
-
-    if kind not in ("expert", "random"):
-        raise ValueError(f"unknown toy episode kind {kind!r}; use 'expert' or 'random'")
-    env = ToyMemoryEnv(max_steps=max_steps, **env_kwargs)
-    rng = np.random.default_rng(seed)
-    out = []
-    for task in tasks:
-        if kind == "expert":
-            env.reset(task)
-            plan = env.solution()
-            choose = lambda obs, info, t, plan=plan: plan[t]  # noqa: E731
-        else:
-            choose = lambda obs, info, t: str(rng.choice(info["admissible_actions"]))  # noqa: E731
-        out.append(play_episode(env, task, choose, max_steps, source=f"toy:{task}"))
-    return out
-
-
-ALFWORLD_KINDS = ("expert", "search")
-
-
-def alfworld_episodes(games: Sequence[str], *, kind: str = "expert", seed: int = 0, max_steps: int = 50,
-                      first_index: int = 0, progress: bool = False) -> list[Episode]:
-    """Winning episodes of `games` played through the real ALFWorld engine (every step gets its
-    real observation and admissible actions): kind "expert" replays each game's stored
-    walkthrough (straight to the hidden objects), kind "search" plays ALFWorld's hand-coded
-    expert (`envs.alfworld.SearchExpert`: it looks for the objects receptacle by receptacle;
-    its random choices seeded by `seed` and the game's index, counted from `first_index`, so a
-    list recorded in slices equals the list recorded at once). Games not won within
-    `max_steps` are dropped (with a warning for walkthroughs, which should always win)."""
-    import warnings
-
-    from tqdm.auto import tqdm
-
-    from hgpo_jax.envs.alfworld import AlfworldEnv, walkthrough
-
-    if kind not in ALFWORLD_KINDS:
-        raise ValueError(f"unknown ALFWorld episode kind {kind!r}; use one of {ALFWORLD_KINDS}")
-    env = AlfworldEnv(max_steps=max_steps, facts=kind == "search")
-    out = []
-    try:
-        for i, game in enumerate(tqdm(games, desc=f"{kind} episodes", unit="game", disable=not progress)):
-            if kind == "expert":
-                plan = walkthrough(game)
-                ep = play_episode(env, game, lambda obs, info, t, plan=plan: plan[t],
-                                  min(max_steps, len(plan)), source=f"alfworld:{game}")
-                if not ep.won:
-                    warnings.warn(f"the walkthrough of {game} did not win in {max_steps} steps; skipped")
-            else:
-                ep = _search_episode(env, game, seed * 1_000_003 + first_index + i, max_steps)
-            if ep is not None and ep.won:
-                out.append(ep)
-    finally:
-        env.close()
-    return out
-
-
-def _search_episode(env, game: str, seed: int, max_steps: int) -> Episode | None:
-    """One episode of the hand-coded expert on `game`; None when the expert gives up."""
-    from alfworld.agents.expert import HandCodedAgentFailed, HandCodedAgentTimeout
-
-    from hgpo_jax.envs.alfworld import SearchExpert
-
-    expert, last = None, ""
-
-    def choose(obs, info, t):
-        nonlocal expert, last
-        if t == 0:
-            expert = SearchExpert(game, obs, seed=seed)
-        last = expert.act(env.state, info["admissible_actions"], last)
-        return last
-
-    try:
-        return play_episode(env, game, choose, max_steps, source=f"alfworld-search:{game}")
-    except (HandCodedAgentFailed, HandCodedAgentTimeout):
-        return None
-
-
-def spread(items: Sequence, n: int) -> list:
-    """`n` items evenly spaced over `items` (all of them when n <= 0 or n >= len)."""
-    if n <= 0 or n >= len(items):
-        return list(items)
-    return [items[int(i)] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]
-
-
-def cached_alfworld_episodes(split: str, num_games: int, data_dir: str | None = None,
-                             progress: bool = False, kind: str = "expert") -> list[Episode]:
-    """Winning episodes (see alfworld_episodes) of `num_games` games spread over a split (sorted
-    paths, so every task type is covered), played once and cached as JSON lines under
-    $HGPO_JAX_CACHE/expert/ (alfworld-SPLIT-N.jsonl; alfworld-SPLIT-search-N.jsonl for "search")."""
-    from hgpo_jax.envs.alfworld import list_games
-
-    path = alfworld_episodes_path(split, num_games, kind)
-    if os.path.isfile(path):
-        return load_episodes(path)
-    episodes = alfworld_episodes(spread(list_games(split, data_dir), num_games), kind=kind,
-                                 progress=progress)
-    save_episodes(episodes, path)
-    return episodes
-
-
-def alfworld_episodes_path(split: str, num_games: int, kind: str = "expert") -> str:
-    """Where cached_alfworld_episodes keeps (or finds) its episodes."""
-    from hgpo_jax.envs.data import cache_root
-
-    name = f"alfworld-{split}-{num_games}" if kind == "expert" else f"alfworld-{split}-{kind}-{num_games}"
-    return os.path.join(cache_root(), "expert", f"{name}.jsonl")
-
-
-def save_episodes(episodes: Sequence[Episode], path: str) -> str:
-    """Write episodes as JSON lines (atomically)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        for ep in episodes:
-            f.write(json.dumps(dataclasses.asdict(ep)) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def load_episodes(path: str) -> list[Episode]:
-    with open(path, encoding="utf-8") as f:
-        return [Episode(d["task"], tuple(Step(s["observation"], tuple(s["admissible"]), s["action"])
-                                         for s in d["steps"]), d["won"], d["source"])
-                for d in map(json.loads, f)]
 
 
 # ---------------------------------------------------------------------------------- samples

@@ -20,6 +20,7 @@ from hgpo_jax.envs.webshop.env import WebShopEnv
 SPLITS = ("train", "test")
 TEST_GOALS = 500  # verl-agent: the first 500 goals are held out for validation
 WIN_REWARD = 10.0  # training reward of a purchase that scores 1 (the paper's)
+SCORE_KEY = "task_score"  # the info key of an episode's task score (0..1)
 
 
 def train_reward(reward: float, info: dict) -> float:
@@ -51,7 +52,7 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     import warnings
 
     from hgpo_jax.envs.webshop.expert import InstructionShopper, title_actions
-    from hgpo_jax.sft.data import play_episode, spread
+    from hgpo_jax.envs.episodes import play_episode, spread
 
     if kind not in ("expert", "search"):
         raise ValueError(f"sft.data kind {kind!r} is not recorded for WebShop; use expert (the "
@@ -61,7 +62,8 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     first = spread(tasks, n)
     if kind == "search":
         return [play_episode(env, task, InstructionShopper(), env_cfg.max_steps,
-                             source=f"webshop-search:{env_cfg.seed}:{task}") for task in first]
+                             source=f"webshop-search:{env_cfg.seed}:{task}", score_key=SCORE_KEY)
+                for task in first]
     chosen = set(first)
     out, skipped = [], 0
     for task in first + [t for t in tasks if t not in chosen]:
@@ -70,7 +72,7 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
         goal = env.engine.goal(env_cfg.seed, task)
         plan = title_actions(goal, env.engine.by_asin[goal["asin"]])
         ep = play_episode(env, task, lambda obs, info, t, plan=plan: plan[t], len(plan),
-                          source=f"webshop:{env_cfg.seed}:{task}")
+                          source=f"webshop:{env_cfg.seed}:{task}", score_key=SCORE_KEY)
         if ep.won:
             out.append(ep)
         else:
@@ -87,8 +89,8 @@ def _env_specs() -> dict:
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("test",), build_prompt=build_prompt, project=project,
-        train_reward=train_reward, score_key="task_score", record_episodes=_record_episodes)}
+        train_reward=train_reward, score_key=SCORE_KEY, record_episodes=_record_episodes)}
 
 
 ENV_SPECS = _env_specs()
-__all__ = ["WebShopEngine", "WebShopEnv", "ENV_SPECS", "SPLITS"]
+__all__ = ["WebShopEngine", "WebShopEnv", "ENV_SPECS", "SCORE_KEY", "SPLITS"]

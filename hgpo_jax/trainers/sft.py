@@ -4,7 +4,7 @@
         trainer.train()
 
 Same machinery as the RL trainer (`hgpo_jax.runs.Run`): the run folder, the mesh and shardings,
-the jitted accumulating update (`hgpo_jax.rl.ppo.make_update_step`), Orbax checkpoints with exact
+the jitted accumulating update (`hgpo_jax.rl.update.make_update_step`), Orbax checkpoints with exact
 resume, metrics to JSONL/TensorBoard, progress bars. Only the loss (the mean negative
 log-likelihood of the response tokens) and the data (hgpo_jax.sft.data) differ. An RL run starts
 from the result with `model.path=RUN_DIR` (or its export, `hgpo-jax export RUN_DIR OUT`).
@@ -24,7 +24,7 @@ from hgpo_jax import distributed as dist
 from hgpo_jax.config import sft_micro_batch_size
 from hgpo_jax.rl.batching import pack_rows
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.ppo import batch_sharding, make_logprob_fn, make_update_step, token_logprobs
+from hgpo_jax.rl.update import batch_sharding, make_logprob_fn, make_update_step, token_logprobs
 from hgpo_jax.runs import Run
 from hgpo_jax.sft import data as sft_data
 
@@ -33,7 +33,7 @@ SFT_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2}  # key -> 
 
 def nll_micro_loss(model, micro, window: int | None = None):
     """Mean negative log-likelihood of the response tokens (token-mean over the micro-batch);
-    `window`: see `hgpo_jax.rl.ppo.token_logprobs`."""
+    `window`: see `hgpo_jax.rl.update.token_logprobs`."""
     logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
                           response_mask=micro["response_mask"], window=window)
     nll = -masked_mean(logp, micro["response_mask"])
@@ -213,6 +213,7 @@ class SftTrainer(Run):
         """Run the remaining steps; returns the per-step metrics."""
         s = self.cfg.sft
         history = []
+        self.rewind_metrics(self.step)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}",
                                           unit="step", disable=not self.progress) as bar:
             while self.step < s.steps and not self.stopping:

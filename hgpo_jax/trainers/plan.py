@@ -28,8 +28,9 @@ from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
-from hgpo_jax.rl.ppo import batch_sharding, make_train_step, opt_state_shardings, param_shardings
-from hgpo_jax.rl.trainer import build_loss_config
+from hgpo_jax.rl.ppo import make_train_step
+from hgpo_jax.rl.update import batch_sharding, opt_state_shardings, param_shardings
+from hgpo_jax.trainers.rl import build_loss_config
 from hgpo_jax.runs import build_optimizer
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.

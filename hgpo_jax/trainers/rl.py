@@ -34,8 +34,9 @@ from hgpo_jax.rl.batching import (MicroBatch, fixed_micro_weights, gather_rows, 
                                    token_budget_micro_batches)
 from hgpo_jax.rl.grouping import hierarchy_stats
 from hgpo_jax.rl.critic import CRITIC_BATCH, Critic
-from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, batch_sharding, budget_update,
-                             make_budget_train_step, make_logprob_fn, make_train_step, ppo_batch_ndims)
+from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, make_budget_train_step, make_train_step,
+                             ppo_batch_ndims)
+from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn
 from hgpo_jax.rl.rollout import Policy, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -176,7 +177,7 @@ def budget_rows_pass(fn, params, arrays: dict[str, np.ndarray], budget: int, lad
 def budget_minibatch(local: dict[str, np.ndarray], num_micro: int, agg: str, budget: int, ladder,
                      shards: int, shardings: dict):
     """The token-budget micro-batches of one mini-batch, device-ready, one at a time (for
-    `rl.ppo.budget_update`). local: this process's rows of the mini-batch (`gather_rows`), each
+    `rl.update.budget_update`). local: this process's rows of the mini-batch (`gather_rows`), each
     process the same count; every micro-batch gets the loss weights of the fixed micro-batches
     (`rl.batching.fixed_micro_weights`: the same loss and gradient as the fixed step). Rows
     without response tokens are left out. shardings: key -> the rows' sharding. One allgather
@@ -456,6 +457,7 @@ class Trainer(Run):
         """Run the remaining iterations; returns the per-iteration metrics."""
         t = self.cfg.train
         history = []
+        self.rewind_metrics(self.iteration)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=t.iterations, initial=self.iteration, unit="it",
                                           desc=f"train {self.cfg.name}", disable=not self.progress) as bar:
             while self.iteration < t.iterations and not self.stopping:

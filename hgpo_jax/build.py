@@ -1,0 +1,112 @@
+"""Models built for an environment: `model.path=build:<env>-<size>` (and `tiny`), resolved to a
+model folder, built once into the cache.
+
+    folder = resolve_model_path("build:alfworld-base")   # $HGPO_JAX_CACHE/models/alfworld-base-v1
+
+A recipe that needs an env and a model together, so it lives above both: the tokenizer
+(`hgpo_jax.models.local.train_tokenizer`) is trained on the env's own text, the (prompt,
+response) turns of the episodes the env records (`EnvSpec.record_episodes`) rendered with the
+chat template (`hgpo_jax.sft.data`): toy env: expert and random episodes of its train tasks;
+ALFWorld: expert (walkthrough) episodes of 200 train games played on the real engine; WebShop:
+200 scripted purchases of train goals. The weights are random (`build_model`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+from hgpo_jax.models.local import SIZES, build_model, train_tokenizer
+from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
+
+BUILD_PREFIX = "build:"
+BUILD_VERSION = 1  # bump when the corpus, tokenizer or sizes change: older cached builds are not reused
+ENVS = ("toy", "alfworld", "webshop")
+CORPUS_EPISODES = 200  # expert episodes of the train split whose turns train the tokenizer
+VOCAB = {"toy": 1024, "alfworld": 4096, "webshop": 4096}
+
+
+def env_corpus(env: str) -> list[str]:
+    """The env's own text: its episodes' turns rendered with the chat template (toy: both the
+    'toy' and the 'toy-history' variant)."""
+    from hgpo_jax.envs.registry import get_env
+    from hgpo_jax.envs.toy import toy_episodes
+    from hgpo_jax.sft import data
+
+    if env == "toy":
+        episodes = [ep for reveal in (False, True) for ep in
+                    toy_episodes(range(300), "expert", reveal=reveal)
+                    + toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
+        texts = data.samples_from_episodes(episodes, 4, get_env("toy").build_prompt)
+    elif env in ENVS:  # expert episodes of train tasks, recorded by the env's registry entry
+        from hgpo_jax.config import EnvConfig
+
+        spec = get_env(env)
+        episodes = spec.record_episodes(EnvConfig(name=env), "train", CORPUS_EPISODES, "expert")
+        texts = data.samples_from_episodes(episodes, 2, spec.build_prompt)
+    else:
+        raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
+    return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)
+
+
+def parse_build_spec(path: str) -> tuple[str, str]:
+    """'build:toy-small' -> ('toy', 'small')."""
+    spec = path[len(BUILD_PREFIX):]
+    env, _, size = spec.rpartition("-")
+    if env not in ENVS or size not in SIZES:
+        raise ValueError(f"model.path {path!r}: expected build:<env>-<size> with env in {ENVS} and "
+                         f"size in {sorted(SIZES)}, e.g. build:toy-small")
+    return env, size
+
+
+def build_for_env(path: str, folder: str, seed: int = 0) -> str:
+    """Build `path` ('build:<env>-<size>') into `folder` atomically (once; a half-built folder is
+    never used)."""
+    env, size = parse_build_spec(path)
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tokenizer = train_tokenizer(env_corpus(env), VOCAB[env])
+        build_model(tmp, tokenizer, size, seed=seed)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not os.path.isfile(os.path.join(folder, "config.json")):
+                raise  # not a concurrent build that won the race
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def resolve_model_path(path: str) -> str:
+    """A model folder (config.json + weights + tokenizer) for `model.path`:
+    'tiny' -> a tiny random Qwen2 built once in the cache; 'build:<env>-<size>' -> a Qwen2 of that
+    size with a tokenizer trained on the env's text, built once in the cache; anything else must
+    be an existing folder."""
+    from hgpo_jax.envs.data import cache_root
+
+    if path == "tiny":
+        from hgpo_jax.models.tiny import build_tiny_pretrained
+
+        folder = os.path.join(cache_root(), "tiny-qwen2")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            print(f"building a tiny random Qwen2 in {folder} ...", flush=True)
+            build_tiny_pretrained(folder, overwrite=True)
+        return folder
+    if path.startswith(BUILD_PREFIX):
+        env, size = parse_build_spec(path)
+        folder = os.path.join(cache_root(), "models", f"{env}-{size}-v{BUILD_VERSION}")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            print(f"building {path} (tokenizer trained on the {env} env's text, random "
+                  f"{size} Qwen2) in {folder} ...", flush=True)
+            build_for_env(path, folder)
+        return folder
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"model.path {path!r} is not a local folder. Download the checkpoint (e.g. "
+            "`huggingface-cli download Qwen/Qwen2.5-1.5B-Instruct --local-dir DIR`) and pass "
+            "model.path=DIR, use a run folder of hgpo-jax (its latest checkpoint), or build one "
+            "here: model.path=tiny or model.path=build:<env>-<size> (e.g. build:toy-small)")
+    return path
