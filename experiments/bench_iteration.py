@@ -305,7 +305,7 @@ class BenchTrainer(Trainer):
 
     def _record_logprobs(self, args, wall):
         params, _, attention, response = args
-        self.logprob_calls.append({"wall": wall, "ref": params is self.ref_params,
+        self.logprob_calls.append({"wall": wall, "ref": params is self.state.ref_params,
                                    **_row_stats(attention, response)})
 
     def _record_step(self, args, wall):

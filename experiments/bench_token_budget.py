@@ -58,7 +58,7 @@ def collect(iterations: int, out: str, seed: int) -> None:
                 key, sub = jax.random.split(key)
                 t0 = time.perf_counter()
                 batch = collect_rollouts(trainer.policy(r.temperature), trainer.pool,
-                                         trainer.sampler.next(r.num_groups), r.group_size,
+                                         trainer.loop.tasks.next(r.num_groups), r.group_size,
                                          cfg.env.max_steps, cfg.env.memory_len, rng=sub,
                                          spec=trainer.env_spec, projection=cfg.env.projection)
                 records.append({"prompt": [len(p) for p in batch.prompt_ids],
@@ -107,16 +107,18 @@ def run_iteration_update(trainer, packed, seed: int) -> tuple[float, float]:
 
     t0 = time.perf_counter()
     arrays = packed.arrays()
-    arrays["old_logp"] = trainer._logprobs(trainer.params, arrays)
-    arrays["ref_logp"] = trainer._logprobs(trainer.ref_params, arrays)
+    arrays["old_logp"] = trainer._logprobs(trainer.state.params, arrays)
+    arrays["ref_logp"] = trainer._logprobs(trainer.state.ref_params, arrays)
     t1 = time.perf_counter()
     rng = np.random.default_rng(seed)
     for idx in minibatch_indices(packed.num_rows, trainer.cfg.train.mini_batch_size, rng):
         if trainer.budget:
-            trainer.params, trainer.opt_state, m = trainer._budget_update(arrays, idx, ACTOR_KEYS)
+            params, opt_state, m = trainer._budget_update(arrays, idx, ACTOR_KEYS)
         else:
-            trainer.params, trainer.opt_state, m = trainer.train_step(
-                trainer.params, trainer.opt_state, gather_rows({k: arrays[k] for k in ACTOR_KEYS}, idx))
+            params, opt_state, m = trainer.train_step(
+                trainer.state.params, trainer.state.opt_state,
+                gather_rows({k: arrays[k] for k in ACTOR_KEYS}, idx))
+        trainer.state = trainer.state.replace(params=params, opt_state=opt_state)
         jax.device_get(m)
     return t1 - t0, time.perf_counter() - t1
 

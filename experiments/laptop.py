@@ -44,8 +44,10 @@ class Study:
     """What differs between studies. `experts(args, state)` and `report(args, state)` are its own
     stages (each returns a JSON-able result); `experts_done(args)` says whether the first is
     finished (given that the warm start is not kept yet); `sft_overrides(args)` are the extra
-    overrides of its SFT command. `keep_policies`: export every RL run's final policy to
-    OUT/<run name> (a float32 transformers folder)."""
+    overrides of its SFT command. `more_sft`: further SFT rounds, (name, overrides) each, every
+    one continuing from the warm start exported so far (model.path=OUT/warm_start) in run folder
+    RUNS/<name>, exported to OUT/warm_start in turn. `keep_policies`: export every RL run's final
+    policy to OUT/<run name> (a float32 transformers folder)."""
 
     name: str
     sft_config: str
@@ -54,6 +56,7 @@ class Study:
     report: Callable
     experts_done: Callable = lambda args: True
     sft_overrides: Callable = lambda args: []
+    more_sft: tuple = ()
     keep_policies: bool = False
     add_arguments: Callable = lambda parser: None
     defaults: dict = field(default_factory=dict)
@@ -155,14 +158,23 @@ def has_checkpoint(run_dir: str) -> bool:
 
 # ----------------------------------------------------------------------------------- stages
 def stage_sft(study: Study, args, state: dict) -> dict:
-    """Train the warm start (resuming from its last checkpoint), then export it to OUT/warm_start."""
-    run = os.path.join(args.runs, "sft")
-    argv = ["sft", study.sft_config, f"train.run_dir={run}", f"mesh.data={args.devices}",
-            *study.sft_overrides(args), *args.set_sft]
-    seconds = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
-    seconds += run_cli(args, ["export", run, warm_start_dir(args.out), "--overwrite"], state)
-    keep_log(run, args.out, "sft")
-    return {"run": run, "warm_start": warm_start_dir(args.out), "seconds_this_sitting": seconds}
+    """Train the warm start (resuming from its last checkpoint), then export it to OUT/warm_start;
+    then each of the study's further rounds (`Study.more_sft`), from the warm start kept so far.
+    A round already kept (its log in OUT/logs/<name>) is not run again."""
+    seconds, runs = 0.0, []
+    rounds = [("sft", [])] + [(name, [f"model.path={warm_start_dir(args.out)}", *extra])
+                              for name, extra in study.more_sft]
+    for name, extra in rounds:
+        run = os.path.join(args.runs, name)
+        runs.append(run)
+        if has_log(args.out, name) and has_warm_start(args.out):
+            continue  # kept (its log is kept after its export)
+        argv = ["sft", study.sft_config, f"train.run_dir={run}", f"mesh.data={args.devices}",
+                *study.sft_overrides(args), *extra, *args.set_sft]
+        seconds += run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+        seconds += run_cli(args, ["export", run, warm_start_dir(args.out), "--overwrite"], state)
+        keep_log(run, args.out, name)
+    return {"runs": runs, "warm_start": warm_start_dir(args.out), "seconds_this_sitting": seconds}
 
 
 def rl_runs(args) -> dict[str, list[str]]:
@@ -213,7 +225,8 @@ def finished(study: Study, stage: str, args, state: dict) -> bool:
     if stage == "experts":
         return has_warm_start(args.out) or study.experts_done(args)
     if stage == "sft":
-        return has_warm_start(args.out)
+        return has_warm_start(args.out) and all(has_log(args.out, name)
+                                                for name in ["sft", *(n for n, _ in study.more_sft)])
     if stage == "eval_warm":
         return has_log(args.out, "eval_warm")
     if stage == "rl":

@@ -119,6 +119,8 @@ STUDY = laptop.Study(
     experts=stage_experts, report=stage_report,
     experts_done=lambda args: os.path.isfile(os.path.join(args.out, EXPERTS)),
     sft_overrides=lambda args: [f"sft.episodes={args.episodes}"],
+    more_sft=(("sft_more", ["sft.steps=600", "train.seed=1", "optim.lr=7e-4",
+                            "optim.warmup_steps=10"]),),  # 600 more steps: the held-out NLL still fell
     keep_policies=True, add_arguments=add_arguments)
 
 

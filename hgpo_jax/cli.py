@@ -254,6 +254,10 @@ def cmd_export(args) -> int:
     if not is_run_dir(args.run_dir):
         raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
                                 "checkpoints/)")
+    if os.path.exists(args.out_dir) and not args.overwrite and (
+            not os.path.isdir(args.out_dir) or os.listdir(args.out_dir)):
+        raise FileExistsError(f"{args.out_dir} already exists and is not empty; pass --overwrite "
+                              "to replace it, or choose another folder")
     if args.critic:
         from hgpo_jax.runs import load_run_critic
 

@@ -17,6 +17,9 @@ import math
 import os
 import signal
 
+from typing import Any
+
+import flax.struct
 import jax
 from flax import nnx
 
@@ -174,13 +177,26 @@ class NullLogger:
         pass
 
 
+@flax.struct.dataclass
+class PolicyState:
+    """The device state of a run that trains the policy alone (the supervised warm start), one
+    pytree: params (the policy's `nnx.Param` state) and opt_state (its AdamW state)."""
+
+    params: Any
+    opt_state: Any
+
+
 class Run:
     """A run folder with its model, optimizer, checkpoints and metrics.
 
-    Subclasses (the RL trainer, the supervised trainer) add their data and their step. `params`
-    and `opt_state` are checkpointed; `meta()` / `load_meta()` carry everything else a resumed
-    run needs to continue exactly. `kind` (a key of RUN_KINDS): a resume refuses a folder whose
-    checkpoints another kind of run wrote, before anything in it is touched.
+    `state`: the run's device state, one pytree (a flax.struct dataclass with at least `params`
+    and `opt_state`: `PolicyState` here; the RL trainer's adds the reference policy, the critic
+    and the rollout key). Subclasses (the RL trainer, the supervised trainer) add their data,
+    their step and their host loop state; what a checkpoint holds is said once per kind of run by
+    `checkpoint_tree()` -> (arrays, meta) and `load_checkpoint_tree(arrays, meta)`: the arrays
+    (Orbax) and the JSON-able loop state a resumed run needs to continue exactly, saved together.
+    `kind` (a key of RUN_KINDS): a resume refuses a folder whose checkpoints another kind of run
+    wrote, before anything in it is touched.
     """
 
     kind = "rl"
@@ -226,10 +242,11 @@ class Run:
             with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
                 json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
-        self.graphdef, self.params = nnx.split(model, nnx.Param)
-        self.shardings = param_shardings(self.mesh, self.params)
+        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.shardings = param_shardings(self.mesh, params)
         self.tx = build_optimizer(cfg, max(1, math.ceil(total_updates)))
-        self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, self.mesh)
+        opt_state, self.opt_shardings = init_opt_state(self.tx, params, self.mesh)
+        self.state = PolicyState(params, opt_state)
         self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
         self.logger = MetricsLogger(self.run_dir) if self.main else NullLogger()
         self._stop = False
@@ -263,33 +280,31 @@ class Run:
         return bool(every and step % every == 0) or self._stop or step == last
 
     # ------------------------------------------------------------------ checkpoints
-    def meta(self) -> dict:
-        """JSON-able loop state saved with each checkpoint (subclasses extend it)."""
-        return {"name": self.cfg.name}
+    @property
+    def params(self):
+        """The policy's current parameters (`state.params`)."""
+        return self.state.params
 
-    def load_meta(self, meta: dict) -> None:
-        """Restore the loop state from a checkpoint's meta (subclasses extend it)."""
+    def checkpoint_tree(self) -> tuple[dict, dict]:
+        """(arrays, meta): what a checkpoint holds. arrays: the policy's params and optimizer
+        state as {"params", "opt_state"} (the RL trainer adds a PPO run's critic); meta: the
+        JSON-able loop state (the trainers add theirs: step or iteration, data order, rngs)."""
+        return {"params": self.state.params, "opt_state": self.state.opt_state}, {"name": self.cfg.name}
 
-    def arrays(self) -> dict:
-        """The arrays a checkpoint holds: the policy's params and optimizer state (subclasses add
-        theirs, e.g. a PPO run's critic, under other keys)."""
-        return {"params": self.params, "opt_state": self.opt_state}
-
-    def load_arrays(self, state: dict) -> None:
-        """Take back what `arrays()` gave, restored from a checkpoint."""
-        self.params, self.opt_state = state["params"], state["opt_state"]
+    def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
+        """Take back what `checkpoint_tree()` gave, restored from a checkpoint."""
+        self.state = self.state.replace(params=arrays["params"], opt_state=arrays["opt_state"])
 
     def save(self, step: int) -> None:
-        self.ckpt.save(step, self.arrays(), self.meta())
+        self.ckpt.save(step, *self.checkpoint_tree())
 
     def restore(self) -> int | None:
         """Load the newest usable checkpoint; returns its step (None when there is none)."""
-        found = self.ckpt.restore_latest(self.arrays())
+        found = self.ckpt.restore_latest(self.checkpoint_tree()[0])
         if found is None:
             return None
-        state, meta, step = found
-        self.load_arrays(state)
-        self.load_meta(meta)
+        arrays, meta, step = found
+        self.load_checkpoint_tree(arrays, meta)
         return step
 
     def rewind_metrics(self, step: int) -> int:
@@ -302,7 +317,7 @@ class Run:
 
     def model(self):
         """The current policy as an NNX module."""
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.state.params)
 
     def close(self) -> None:
         self.logger.close()

@@ -85,3 +85,24 @@ def test_bad_cli_input_is_refused_before_anything_loads(argv, message, tmp_path,
     err = capsys.readouterr().err
     assert f"hgpo-jax {argv[0]}: error:" in err and message in err
     assert not (tmp_path / "run").exists()
+
+
+def test_export_refuses_a_full_folder_before_loading(tmp_path, capsys, monkeypatch):
+    """`export RUN OUT` into a folder that holds files: an error naming --overwrite (the CLI's
+    flag), before the run's model is loaded; the folder is left as it was."""
+    import hgpo_jax.runs as runs
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("name: x\n")
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+
+    def must_not_run(*a, **k):
+        raise AssertionError("loaded before the arguments were checked")
+
+    monkeypatch.setattr(runs, "load_model", must_not_run)
+    assert main(["export", str(run), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "hgpo-jax export: error:" in err and "pass --overwrite" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]

@@ -27,7 +27,9 @@ puts a window array back at the rows' token positions [S, L] for the actor's los
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -167,37 +169,47 @@ def critic_optimizer(cfg):
                           warmup_steps=c.warmup_steps, schedule="constant", b1=c.b1, b2=c.b2)
 
 
-class Critic:
-    """A PPO run's value model: its params, AdamW state and jitted functions, on the run's mesh.
+@flax.struct.dataclass
+class CriticState:
+    """A PPO run's value model on device: its params and AdamW state (one pytree; a checkpoint
+    holds it as {"params", "opt_state"} under "critic")."""
 
-    Built from the policy at the start of the run (`models.qwen2.critic_from_policy`: the
-    policy's backbone, a new head seeded with `seed`); `arrays()` / `load_arrays()` are what the
-    run's checkpoints hold under "critic".
+    params: Any
+    opt_state: Any
+
+
+class Critic:
+    """A PPO run's value model: its jitted functions and shardings on the run's mesh (its arrays
+    are a `CriticState`, part of the run's device state).
+
+    `Critic.build` makes it from the policy at the start of the run
+    (`models.qwen2.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
     """
 
-    def __init__(self, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0):
+    def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int):
+        c, window = cfg.critic, cfg.rollout.max_new_tokens
+        self.graphdef, self.shardings, self.opt_shardings = graphdef, shardings, opt_shardings
+        self.tx = critic_optimizer(cfg)
+        self.value_fn = make_value_fn(graphdef, window, mesh, shardings)
+        self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)
+        self.step_fn = make_critic_step(graphdef, self.tx, c.cliprange_value, window, num_micro,
+                                        mesh, shardings, opt_shardings)
+
+    @classmethod
+    def build(cls, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0) -> tuple[Critic, CriticState]:
+        """(the critic's functions, its initial state) from the policy."""
         from hgpo_jax.models.qwen2 import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
-        c, window = cfg.critic, cfg.rollout.max_new_tokens
-        self.graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)
-        self.shardings = param_shardings(mesh, params)
-        self.params = shard_params(params, mesh)
-        self.tx = critic_optimizer(cfg)
-        self.opt_state, self.opt_shardings = init_opt_state(self.tx, self.params, mesh)
-        self.value_fn = make_value_fn(self.graphdef, window, mesh, self.shardings)
-        self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)
-        self.step_fn = make_critic_step(self.graphdef, self.tx, c.cliprange_value, window, num_micro,
-                                        mesh, self.shardings, self.opt_shardings)
+        graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)
+        shardings = param_shardings(mesh, params)
+        params = shard_params(params, mesh)
+        opt_state, opt_shardings = init_opt_state(critic_optimizer(cfg), params, mesh)
+        return cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro), CriticState(params, opt_state)
 
-    def arrays(self) -> dict:
-        return {"params": self.params, "opt_state": self.opt_state}
-
-    def load_arrays(self, state: dict) -> None:
-        self.params, self.opt_state = state["params"], state["opt_state"]
-
-    def update(self, mb) -> dict:
-        """One critic optimizer step on mini-batch `mb` (CRITIC_BATCH); metrics `critic/...`."""
-        self.params, self.opt_state, m = self.step_fn(self.params, self.opt_state, mb)
-        return {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()
-                if k != "train/loss"}  # the loss is vf_loss
+    def update(self, state: CriticState, mb) -> tuple[CriticState, dict]:
+        """One critic optimizer step on mini-batch `mb` (CRITIC_BATCH) -> (state, metrics
+        `critic/...`)."""
+        params, opt_state, m = self.step_fn(state.params, state.opt_state, mb)
+        return CriticState(params, opt_state), {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()
+                                                if k != "train/loss"}  # the loss is vf_loss

@@ -17,27 +17,32 @@ One iteration (docs/training.md):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 from collections import defaultdict
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
+from hgpo_jax.config import CRITIC_ESTIMATOR
 from hgpo_jax.envs.registry import get_env
-from hgpo_jax.rl.advantages import compute_step_advantages
+from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
 from hgpo_jax.rl.batching import (MicroBatch, fixed_micro_weights, gather_rows, length_ladder,
                                    minibatch_indices, pack_rows, packed_shape, take_micro,
                                    token_budget_micro_batches)
 from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.critic import CRITIC_BATCH, Critic
+from hgpo_jax.rl.critic import CRITIC_BATCH, Critic, CriticState
 from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, make_budget_train_step, make_train_step,
                              ppo_batch_ndims)
 from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn
-from hgpo_jax.rl.rollout import Policy, collect_rollouts, summary_metrics
+from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
 
@@ -50,15 +55,7 @@ def build_loss_config(cfg) -> LossConfig:
                       entropy_coef=a.entropy_coef)
 
 
-def advantage_options(algo) -> dict:
-    """The `compute_step_advantages` options of a config's algo section (all but the estimator)."""
-    return dict(invalid_penalty=algo.invalid_penalty, gamma=algo.gamma, K=algo.K, alpha=algo.alpha,
-                mode=algo.mode, omega=algo.omega, eps=algo.eps,
-                penalty_placement=algo.penalty_placement, stats=algo.stats,
-                level_weights=algo.level_weights, base_group=algo.base_group)
-
-
-def diagnostic_metrics(columns, valid, algo) -> dict[str, float]:
+def diagnostic_metrics(columns, valid, options: AdvantageOptions) -> dict[str, float]:
     """diag/<estimator>/{bias, abs_dev, rmse} of grpo, gigpo and hgpo against the oracle
     (hgpo_jax.rl.diagnostics) under the run's options, and diag/coverage. An estimator the options
     cannot serve (stats=paper with a penalty on single rows) is left out."""
@@ -68,7 +65,7 @@ def diagnostic_metrics(columns, valid, algo) -> dict[str, float]:
     for estimator in ("grpo", "gigpo", "hgpo"):
         try:
             stats = oracle_deviation(*columns, valid=valid, estimators=(estimator,),
-                                     **advantage_options(algo))[estimator]
+                                     options=options)[estimator]
         except ValueError:
             continue
         out.update({f"diag/{estimator}/{k}": v for k, v in stats.items() if k != "coverage"})
@@ -193,13 +190,129 @@ def budget_minibatch(local: dict[str, np.ndarray], num_micro: int, agg: str, bud
     return (dist.global_tree(take_micro(local, m.rows[me], m.length), sh) for m in plan)
 
 
+# --------------------------------------------------------------------------- the run's state
+@flax.struct.dataclass
+class TrainState:
+    """The RL run's device state, one pytree: the policy's params and AdamW state, the frozen
+    reference policy (the initial one: model.path gives it back, so checkpoints leave it out),
+    the rollout PRNG key, and a PPO run's critic (`rl.critic.CriticState`; None otherwise)."""
+
+    params: Any
+    opt_state: Any
+    ref_params: Any
+    key: jax.Array
+    critic: CriticState | None = None
+
+
+@dataclasses.dataclass
+class LoopState:
+    """The RL run's host state, JSON-able in a checkpoint's meta: iterations done, the training
+    tasks' order, the NumPy generator that draws the mini-batches."""
+
+    iteration: int
+    tasks: TaskSampler
+    np_rng: np.random.Generator
+
+    def to_meta(self) -> dict:
+        return {"iteration": self.iteration, "sampler": self.tasks.state(),
+                "np_rng": self.np_rng.bit_generator.state}
+
+    def load_meta(self, meta: dict) -> None:
+        self.iteration = int(meta["iteration"])
+        self.tasks.load(meta["sampler"])
+        self.np_rng.bit_generator.state = meta["np_rng"]
+
+
+# --------------------------------------------------------------------------- the advantage stage
+@dataclasses.dataclass
+class StepRows:
+    """One iteration's training rows on the host: the rollout's n step rows (`batch`) packed
+    into `arrays` (key -> [S, ...], S >= n, the rows after n inert): `rl.batching.TrainBatch`'s
+    keys and old_logp, ref_logp [S, L]; the advantage stage fills `advantages` ([S], or [S, L]
+    per token with a critic, which also adds values and returns [S, W])."""
+
+    batch: RolloutBatch
+    arrays: dict
+    num_rows: int
+
+
+@dataclasses.dataclass
+class AdvantageResult:
+    """What the advantage stage gives besides the advantages it writes into the rows:
+    row_adv float [n]: each step row's advantage (its token mean with a critic), for the
+    advantage statistics; row_means: statistics averaged over the rows (of every process);
+    metrics: metrics that are global already."""
+
+    row_adv: np.ndarray
+    row_means: dict
+    metrics: dict
+
+
+class GroupAdvantages:
+    """HGPO, GiGPO, GRPO and RLOO: each step row's advantage from its groups
+    (`rl.advantages.compute_step_advantages`), with the options checked once
+    (`AdvantageOptions.from_config`); with `train.diagnostics`, each estimator's bias against
+    the oracle; always, the fraction of rows grouped at each HGPO level."""
+
+    def __init__(self, algo, diagnostics: bool):
+        self.estimator, self.K, self.diagnostics = algo.estimator, algo.K, diagnostics
+        self.options = AdvantageOptions.from_config(algo)
+
+    def __call__(self, rows: StepRows, state: TrainState, rows_pass) -> AdvantageResult:
+        b, n = rows.batch, len(rows.batch)
+        if n == 0:  # a process whose envs all failed still takes part, with inert rows only
+            return AdvantageResult(np.zeros(0, np.float32), {}, {})
+        columns = (b.task_id, b.traj_id, b.step_id, b.anchor, b.reward)
+        adv = compute_step_advantages(self.estimator, *columns, valid=b.valid, options=self.options)
+        rows.arrays["advantages"][:n] = adv
+        row_means = diagnostic_metrics(columns, b.valid, self.options) if self.diagnostics else {}
+        for k, frac in enumerate(hierarchy_stats(b.task_id, b.traj_id, b.step_id, b.anchor, K=self.K)):
+            row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
+        return AdvantageResult(adv, row_means, {})
+
+
+class CriticAdvantages:
+    """PPO with a critic (rl/critic.py): each row's reward (its episode's total reward minus the
+    invalid-action penalty of its own step), the critic's values before this iteration's update,
+    GAE and the batch whitening: token advantages [S, L], values and returns [S, W]."""
+
+    def __init__(self, critic: Critic, invalid_penalty: float, window: int, mesh, shardings: dict):
+        self.critic, self.invalid_penalty, self.window = critic, invalid_penalty, window
+        self.mesh, self.shardings = mesh, shardings
+
+    def __call__(self, rows: StepRows, state: TrainState, rows_pass) -> AdvantageResult:
+        b, arrays, n = rows.batch, rows.arrays, rows.num_rows
+        episode = defaultdict(float)
+        for traj, r in zip(b.traj_id, b.reward):
+            episode[traj] += float(r)
+        rewards = np.zeros(arrays["input_ids"].shape[0], np.float32)
+        rewards[:n] = [episode[traj] - self.invalid_penalty * (not ok)
+                       for traj, ok in zip(b.traj_id, b.valid)]
+        values = rows_pass(self.critic.value_fn, state.critic.params, width=self.window)
+        adv, returns, metrics = self.critic.gae_fn(
+            dist.global_rows(rewards, batch_sharding(self.mesh, 1)),
+            dist.global_rows(values, self.shardings["values"]),
+            dist.global_rows(arrays["response_mask"], self.shardings["response_mask"]))
+        arrays.update(advantages=dist.local_rows(adv, self.mesh), values=values,
+                      returns=dist.local_rows(returns, self.mesh))
+        mask = arrays["response_mask"][:n]
+        row_adv = (arrays["advantages"][:n] * mask).sum(1) / np.maximum(mask.sum(1), 1)
+        return AdvantageResult(row_adv, {}, {k: float(v) for k, v in jax.device_get(metrics).items()})
+
+
 # --------------------------------------------------------------------------- the trainer
 class Trainer(Run):
-    """The RL run: the policy, the frozen reference, the optimizer, the env pool, checkpoints and
-    metrics (`hgpo_jax.runs.Run` holds what it shares with the supervised trainer)."""
+    """The RL run: the env pool, the device state (`TrainState`: policy, optimizer state,
+    reference, critic, key), the loop state (`LoopState`), checkpoints and metrics
+    (`hgpo_jax.runs.Run` holds what it shares with the supervised trainer).
+
+    One iteration (`run_iteration`) is four stages over explicit values, then one reduction:
+    collect (rollouts) -> rows (packing, old and reference log-probs) -> advantages (a
+    `GroupAdvantages` or a `CriticAdvantages`, chosen once) -> update (critic, then policy) ->
+    metrics (per-row statistics reduced over processes in one place)."""
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
-        t, r = cfg.train, cfg.rollout
+        t, r, a = cfg.train, cfg.rollout, cfg.algo
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates)
@@ -208,12 +321,19 @@ class Trainer(Run):
             # whole groups per process (group statistics never need another process's envs)
             self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
             self.procs = jax.process_count()
-            ppo = cfg.algo.estimator == "ppo"  # token-level advantages from a critic (GAE)
+            ppo = a.estimator == CRITIC_ESTIMATOR  # token-level advantages from a critic (GAE)
             num_micro = t.mini_batch_size // t.micro_batch_size
             self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in
                                  {**ppo_batch_ndims(ppo), **CRITIC_BATCH, **BUDGET_WEIGHTS}.items()}
-            self.ref_params = jax.tree.map(jnp.copy, self.params)  # the frozen initial policy
-            self.critic = Critic(cfg, self.model(), self.mesh, num_micro, t.seed) if ppo else None
+            critic, critic_state = (Critic.build(cfg, self.model(), self.mesh, num_micro, t.seed)
+                                    if ppo else (None, None))
+            self.critic = critic  # its functions (its arrays are state.critic)
+            self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
+                                    ref_params=jax.tree.map(jnp.copy, self.state.params),
+                                    key=jax.random.PRNGKey(t.seed), critic=critic_state)
+            self.advantages = (CriticAdvantages(critic, a.invalid_penalty, r.max_new_tokens, self.mesh,
+                                                self.mb_shardings)
+                               if ppo else GroupAdvantages(a, t.diagnostics))
             self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg), num_micro,
                                               self.mesh, self.shardings, self.opt_shardings,
                                               window=r.max_new_tokens, token_advantages=ppo)
@@ -226,15 +346,18 @@ class Trainer(Run):
                                               window=r.max_new_tokens, token_budget=self.budget)
 
             self.env_spec = get_env(cfg.env.name)
-            self.sampler = TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed)
-            self.key = jax.random.PRNGKey(t.seed)
-            self.np_rng = np.random.default_rng(t.seed + 1)
-            self.iteration = 0
+            self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
+                                  np.random.default_rng(t.seed + 1))
             if resume:
                 self.restore()
         except BaseException:
             self.close()
             raise
+
+    @property
+    def iteration(self) -> int:
+        """Iterations done (`loop.iteration`)."""
+        return self.loop.iteration
 
     @property
     def pool(self):
@@ -249,27 +372,21 @@ class Trainer(Run):
                                  reset_timeout=e.reset_timeout)
         return self._pool
 
-    # ------------------------------------------------------------------ state
-    def arrays(self) -> dict:
-        out = super().arrays()
-        if self.critic is not None:
-            out["critic"] = self.critic.arrays()
-        return out
+    # ------------------------------------------------------------------ the checkpoint
+    def checkpoint_tree(self) -> tuple[dict, dict]:
+        """arrays: the policy's params and optimizer state, a PPO run's critic under "critic";
+        meta: the loop state and the rollout key."""
+        arrays, meta = super().checkpoint_tree()
+        if self.state.critic is not None:
+            arrays["critic"] = {"params": self.state.critic.params,
+                                "opt_state": self.state.critic.opt_state}
+        return arrays, {**meta, **self.loop.to_meta(), "key": np.asarray(self.state.key).tolist()}
 
-    def load_arrays(self, state: dict) -> None:
-        super().load_arrays(state)
-        if self.critic is not None:
-            self.critic.load_arrays(state["critic"])
-
-    def meta(self) -> dict:
-        return {**super().meta(), "iteration": self.iteration, "key": np.asarray(self.key).tolist(),
-                "sampler": self.sampler.state(), "np_rng": self.np_rng.bit_generator.state}
-
-    def load_meta(self, meta: dict) -> None:
-        self.iteration = int(meta["iteration"])
-        self.key = jnp.asarray(meta["key"], jnp.uint32)
-        self.sampler.load(meta["sampler"])
-        self.np_rng.bit_generator.state = meta["np_rng"]
+    def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
+        super().load_checkpoint_tree(arrays, meta)
+        critic = None if self.state.critic is None else CriticState(**arrays["critic"])
+        self.state = self.state.replace(critic=critic, key=jnp.asarray(meta["key"], jnp.uint32))
+        self.loop.load_meta(meta)
 
     def policy(self, temperature: float) -> Policy:
         r = self.cfg.rollout
@@ -282,110 +399,121 @@ class Trainer(Run):
     def run_iteration(self) -> dict[str, float]:
         """One iteration; in a multi-process run every process runs it at once on its own groups
         (`self.groups`) and returns the same, global metrics."""
-        cfg, t0 = self.cfg, time.perf_counter()
-        r, a, t = cfg.rollout, cfg.algo, cfg.train
-        multi = self.procs > 1
-        self.key, rollout_key = jax.random.split(self.key)
-        lo, hi = self.groups
-        tasks = self.sampler.next(r.num_groups)[lo:hi]
-        batch = collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
-                                 cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                 spec=self.env_spec, projection=cfg.env.projection,
-                                 progress=self.progress)
+        t0 = time.perf_counter()
+        batch = self.collect()
         t_rollout = time.perf_counter()
-        metrics = summary_metrics(dist.allgather_json(batch.summary())) if multi else batch.metrics()
+        metrics = (summary_metrics(dist.allgather_json(batch.summary())) if self.procs > 1
+                   else batch.metrics())
         if metrics["rollout/steps"] == 0:
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
-
-        columns = (batch.task_id, batch.traj_id, batch.step_id, batch.anchor, batch.reward)
-        row_means = {}  # this process's per-row statistics (reduced over processes below)
-        if self.critic is not None:  # advantages come from the critic, after the log-probs
-            adv = np.zeros(len(batch), np.float32)
-        elif len(batch):
-            adv = compute_step_advantages(a.estimator, *columns, valid=batch.valid,
-                                          **advantage_options(a))
-            if t.diagnostics:
-                row_means.update(diagnostic_metrics(columns, batch.valid, a))
-            for k, frac in enumerate(hierarchy_stats(batch.task_id, batch.traj_id, batch.step_id,
-                                                     batch.anchor, K=a.K)):
-                row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
-        else:  # a process whose envs all failed still takes part, with inert rows only
-            adv = np.zeros((0,), np.float32)
-        if not multi:
-            metrics.update(row_means)
-            metrics["train/mean_advantage"] = float(adv.mean())
-            metrics["train/std_advantage"] = float(adv.std())
+        rows = self.step_rows(batch)
+        t_logp = time.perf_counter()
+        adv = self.advantages(rows, self.state, functools.partial(self._per_micro_batch,
+                                                                 arrays=rows.arrays))
         t_adv = time.perf_counter()
+        metrics.update(adv.metrics)
+        metrics.update(self.update(rows))
+        t_end = time.perf_counter()
+        stats, tokens = self.row_statistics(rows, adv)
+        metrics.update(stats)
+        metrics.update({"time/rollout": t_rollout - t0, "time/advantages": t_adv - t_logp,
+                        "time/logprobs": t_logp - t_rollout, "time/update": t_end - t_adv,
+                        "time/iteration": t_end - t0,
+                        "perf/update_tokens_per_s": tokens * self.cfg.train.ppo_epochs
+                        / max(t_end - t_adv, 1e-9),
+                        "perf/rollout_tokens_per_s": metrics["rollout/response_tokens"]
+                        / max(t_rollout - t0, 1e-9)})
+        return metrics
 
-        # every process packs to the same [S, L] and feeds S / P rows of each global batch
+    def collect(self) -> RolloutBatch:
+        """Stage 1: this process's groups of rollouts (the next tasks, the next rollout key)."""
+        cfg, r = self.cfg, self.cfg.rollout
+        key, rollout_key = jax.random.split(self.state.key)
+        self.state = self.state.replace(key=key)
+        lo, hi = self.groups
+        tasks = self.loop.tasks.next(r.num_groups)[lo:hi]
+        return collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
+                                cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
+                                spec=self.env_spec, projection=cfg.env.projection,
+                                progress=self.progress)
+
+    def step_rows(self, batch: RolloutBatch) -> StepRows:
+        """Stage 2: the step rows packed (every process to the same [S, L], feeding S / P rows of
+        each global batch), with the rollout policy's and the reference policy's log-probs."""
+        t = self.cfg.train
         row_multiple = t.micro_batch_size // self.procs
         shape = dist.max_over_processes(*packed_shape(
             batch.prompt_ids, batch.response_ids, row_multiple=row_multiple,
             length_multiple=t.pad_multiple))
-        packed = pack_rows(batch.prompt_ids, batch.response_ids, adv, batch.sample_logp,
-                           pad_id=self.tokenizer.pad_token_id, row_multiple=row_multiple,
-                           length_multiple=t.pad_multiple, shape=shape,
+        packed = pack_rows(batch.prompt_ids, batch.response_ids, np.zeros(len(batch), np.float32),
+                           batch.sample_logp, pad_id=self.tokenizer.pad_token_id,
+                           row_multiple=row_multiple, length_multiple=t.pad_multiple, shape=shape,
                            max_response=self.cfg.rollout.max_new_tokens)
-        arrays = packed.arrays()
-        arrays["old_logp"] = self._logprobs(self.params, arrays)
-        arrays["ref_logp"] = self._logprobs(self.ref_params, arrays)
-        mask = arrays["response_mask"]
-        if self.critic is not None:
-            metrics.update(self._critic_advantages(batch, arrays, packed.num_rows))
-            if len(batch):  # per-row means of the token advantages, for the advantage metrics
-                adv = (arrays["advantages"] * mask).sum(1)[:len(batch)] / np.maximum(
-                    mask.sum(1)[:len(batch)], 1)
-            if not multi:
-                metrics["train/mean_advantage"] = float(adv.mean()) if len(adv) else 0.0
-                metrics["train/std_advantage"] = float(adv.std()) if len(adv) else 0.0
-        gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
-        if not multi:
-            metrics["train/rollout_vs_policy_logp_gap"] = float(gap / max(mask.sum(), 1))
-        t_logp = time.perf_counter()
+        rows = StepRows(batch, packed.arrays(), packed.num_rows)
+        rows.arrays["old_logp"] = self._logprobs(self.state.params, rows.arrays)
+        rows.arrays["ref_logp"] = self._logprobs(self.state.ref_params, rows.arrays)
+        return rows
 
-        records, critic_records = [], []
+    def update(self, rows: StepRows) -> dict[str, float]:
+        """Stage 4: `ppo_epochs` passes over shuffled mini-batches (every process the same count:
+        inert ones fill in), the critic's updates first (verl's order), then the policy's
+        (after `critic.warmup_iterations` with a critic). -> the updates' mean metrics."""
+        t, arrays = self.cfg.train, rows.arrays
         mini = t.mini_batch_size // self.procs
-        draw = dist.max_over_processes(packed.num_rows)[0]
-        epochs = []
+        draw = dist.max_over_processes(rows.num_rows)[0]
+        order = []
         for _ in range(t.ppo_epochs):
-            batches = minibatch_indices(packed.num_rows, mini, self.np_rng, draw=draw)
+            batches = minibatch_indices(rows.num_rows, mini, self.loop.np_rng, draw=draw)
             count = dist.max_over_processes(len(batches))[0]
-            epochs.append(batches + [np.full(mini, -1, np.int64)] * (count - len(batches)))  # inert updates
+            order += batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
 
         def minibatch(idx, keys):
             mb = gather_rows({k: arrays[k] for k in keys}, idx)
             return dist.global_tree(mb, {k: self.mb_shardings[k] for k in keys})
 
-        if self.critic is not None:  # the critic's updates come first (verl's order)
-            for idx in (i for batches in epochs for i in batches):
-                critic_records.append(jax.device_get(self.critic.update(minibatch(idx, CRITIC_BATCH))))
-            metrics.update(_mean_metrics(critic_records))
-        actor_keys = tuple(ppo_batch_ndims())
-        if self.critic is None or cfg.critic.warmup_iterations <= self.iteration + 1:
-            for idx in (i for batches in epochs for i in batches):
+        metrics = {}
+        if self.critic is not None:
+            records = []
+            for idx in order:
+                critic, m = self.critic.update(self.state.critic, minibatch(idx, CRITIC_BATCH))
+                self.state = self.state.replace(critic=critic)
+                records.append(jax.device_get(m))
+            metrics.update(_mean_metrics(records))
+        records = []
+        if self.critic is None or self.cfg.critic.warmup_iterations <= self.iteration + 1:
+            actor_keys = tuple(ppo_batch_ndims())
+            for idx in order:
                 if self.budget:
-                    self.params, self.opt_state, m = self._budget_update(arrays, idx, actor_keys)
+                    params, opt_state, m = self._budget_update(arrays, idx, actor_keys)
                 else:
-                    self.params, self.opt_state, m = self.train_step(self.params, self.opt_state,
-                                                                     minibatch(idx, actor_keys))
+                    params, opt_state, m = self.train_step(self.state.params, self.state.opt_state,
+                                                           minibatch(idx, actor_keys))
+                self.state = self.state.replace(params=params, opt_state=opt_state)
                 records.append(jax.device_get(m))
         metrics.update(_mean_metrics(records))
         metrics["train/updates"] = float(len(records))
-        t_end = time.perf_counter()
-        tokens = float(packed.attention_mask.sum())
-        if multi:
-            stats, tokens = row_statistics(dist.allgather_json({
-                "rows": len(batch), "adv": [float(adv.sum()), float(np.square(adv).sum())],
-                "tokens": tokens, "logp_gap": [float(gap), float(mask.sum())], "row_means": row_means}))
-            metrics.update(stats)
-        metrics.update({"time/rollout": t_rollout - t0, "time/advantages": t_adv - t_rollout,
-                        "time/logprobs": t_logp - t_adv, "time/update": t_end - t_logp,
-                        "time/iteration": t_end - t0,
-                        "perf/update_tokens_per_s": tokens * t.ppo_epochs / max(t_end - t_logp, 1e-9),
-                        "perf/rollout_tokens_per_s": metrics["rollout/response_tokens"]
-                        / max(t_rollout - t0, 1e-9)})
         return metrics
+
+    def row_statistics(self, rows: StepRows, adv: AdvantageResult) -> tuple[dict[str, float], float]:
+        """Stage 5: the per-row statistics (advantages, the rollout-vs-policy log-prob gap, the
+        advantage stage's row means) and the tokens of the iteration, reduced over processes:
+        the one place an iteration's metrics are combined across processes."""
+        arrays = rows.arrays
+        mask = arrays["response_mask"]
+        gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
+        tokens = float(arrays["attention_mask"].sum())
+        if self.procs > 1:
+            return row_statistics(dist.allgather_json({
+                "rows": len(rows.batch), "adv": [float(adv.row_adv.sum()),
+                                                 float(np.square(adv.row_adv).sum())],
+                "tokens": tokens, "logp_gap": [float(gap), float(mask.sum())],
+                "row_means": adv.row_means}))
+        row_adv = adv.row_adv
+        return {**adv.row_means,
+                "train/mean_advantage": float(row_adv.mean()) if len(row_adv) else 0.0,
+                "train/std_advantage": float(row_adv.std()) if len(row_adv) else 0.0,
+                "train/rollout_vs_policy_logp_gap": float(gap / max(mask.sum(), 1))}, tokens
 
     def _logprobs(self, params, arrays) -> np.ndarray:
         """Token log-probs of all rows [S, L] (see `_per_micro_batch`)."""
@@ -428,29 +556,7 @@ class Trainer(Run):
                                   t.mini_batch_size // t.micro_batch_size, self.cfg.algo.loss_agg,
                                   self.budget, self._ladder(arrays), self.dp // self.procs,
                                   self.mb_shardings)
-        return budget_update(self.budget_step, self.params, self.opt_state, micros)
-
-    def _critic_advantages(self, batch, arrays: dict, num_rows: int) -> dict[str, float]:
-        """PPO with a critic (rl/critic.py): each row's reward (its episode's total reward minus
-        the invalid-action penalty of its own step), the critic's values before this iteration's
-        update, GAE and the batch whitening. Sets arrays' token `advantages` [S, L], `values` and
-        `returns` [S, W]; returns the (global) critic metrics."""
-        a = self.cfg.algo
-        episode = defaultdict(float)
-        for traj, r in zip(batch.traj_id, batch.reward):
-            episode[traj] += float(r)
-        rewards = np.zeros(arrays["input_ids"].shape[0], np.float32)
-        rewards[:num_rows] = [episode[traj] - a.invalid_penalty * (not ok)
-                              for traj, ok in zip(batch.traj_id, batch.valid)]
-        values = self._per_micro_batch(self.critic.value_fn, self.critic.params, arrays,
-                                       width=self.cfg.rollout.max_new_tokens)
-        adv, returns, metrics = self.critic.gae_fn(
-            dist.global_rows(rewards, batch_sharding(self.mesh, 1)),
-            dist.global_rows(values, self.mb_shardings["values"]),
-            dist.global_rows(arrays["response_mask"], self.mb_shardings["response_mask"]))
-        arrays.update(advantages=dist.local_rows(adv, self.mesh), values=values,
-                      returns=dist.local_rows(returns, self.mesh))
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return budget_update(self.budget_step, self.state.params, self.state.opt_state, micros)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict]:
@@ -462,7 +568,7 @@ class Trainer(Run):
                                           desc=f"train {self.cfg.name}", disable=not self.progress) as bar:
             while self.iteration < t.iterations and not self.stopping:
                 metrics = self.run_iteration()
-                self.iteration += 1
+                self.loop.iteration += 1
                 self.agree_stop()  # SIGTERM on any process stops (and saves) all of them
                 self.logger.log(self.iteration, metrics)
                 history.append(metrics)

@@ -146,11 +146,14 @@ class SftTrainer(Run):
             raise
 
     # ------------------------------------------------------------------ state
-    def meta(self) -> dict:
-        return {**super().meta(), "step": self.step, "cursor": self.cursor,
-                "order": self.order.tolist(), "np_rng": self.np_rng.bit_generator.state}
+    def checkpoint_tree(self) -> tuple[dict, dict]:
+        """The policy's arrays; the loop state: step, position in the data order, the rng."""
+        arrays, meta = super().checkpoint_tree()
+        return arrays, {**meta, "step": self.step, "cursor": self.cursor,
+                        "order": self.order.tolist(), "np_rng": self.np_rng.bit_generator.state}
 
-    def load_meta(self, meta: dict) -> None:
+    def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
+        super().load_checkpoint_tree(arrays, meta)
         self.step, self.cursor = int(meta["step"]), int(meta["cursor"])
         self.order = np.asarray(meta["order"], np.int64)
         self.np_rng.bit_generator.state = meta["np_rng"]
@@ -199,7 +202,7 @@ class SftTrainer(Run):
         for i in range(0, len(self.heldout_samples), mb):
             batch = self._own(self._pack(self.heldout_samples[i:i + mb], mb))
             sh = self.batch_shardings["input_ids"]
-            logp = dist.local_rows(self.logprob_fn(self.params, *(
+            logp = dist.local_rows(self.logprob_fn(self.state.params, *(
                 dist.global_rows(batch[k], sh)
                 for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
             total += float(-(logp * batch["response_mask"]).sum())
@@ -220,9 +223,10 @@ class SftTrainer(Run):
                 t0 = time.perf_counter()
                 batch = self._pack([self.train_samples[i] for i in self.next_indices(s.batch_size)],
                                    self.micro)
-                self.params, self.opt_state, m = self.step_fn(
-                    self.params, self.opt_state,
+                params, opt_state, m = self.step_fn(
+                    self.state.params, self.state.opt_state,
                     dist.global_tree(self._own(batch), self.batch_shardings))
+                self.state = self.state.replace(params=params, opt_state=opt_state)
                 metrics = {k: float(v) for k, v in jax.device_get(m).items()}
                 self.step += 1
                 self.agree_stop()  # SIGTERM on any process stops (and saves) all of them
