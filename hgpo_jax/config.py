@@ -94,6 +94,7 @@ class EnvConfig:
     max_steps: int = 50  # T: env steps per episode
     memory_len: int = 2  # H: steps of memory in the prompt
     projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/envs.md)
+    reward: str = "default"  # training reward: default (the authors') | the env's others (webshop: score, 10 x task score)
     num_workers: int = 4  # env worker processes
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
     reset_timeout: float = 300.0  # seconds before a stuck env reset counts as failed
@@ -700,6 +701,13 @@ def _env_splits(name: str) -> tuple[str, ...]:
     return get_env(name).splits if name in env_names() else ()
 
 
+def _env_rewards(name: str) -> tuple[str, ...]:
+    """The training reward names of env `name` (none for an unknown env)."""
+    from hgpo_jax.envs.registry import env_names, get_env, reward_names
+
+    return reward_names(get_env(name)) if name in env_names() else ()
+
+
 def _semantic_problems(cfg: Config) -> list[str]:
     """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings."""
     allowed = allowed_values()
@@ -737,6 +745,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
         one_of("env.split", e.split, splits)
     at_least("env.seed", e.seed, 0)
     one_of("env.projection", e.projection, allowed["projection"])
+    rewards = _env_rewards(e.name)
+    if rewards:
+        one_of("env.reward", e.reward, rewards)
     check(e.data_dir is None or bool(e.data_dir.strip()), "env.data_dir", e.data_dir,
           "a folder or null")
     at_least("env.max_steps", e.max_steps, 1)

@@ -276,3 +276,23 @@ def test_record_search_episodes_for_sft():
         assert ep.steps[-1].action == "click[buy now]"
     with pytest.raises(ValueError, match="use expert .* or search"):
         spec.record_episodes(EnvConfig(name="webshop"), "train", 2, "random")
+
+
+def test_the_dense_score_reward_is_an_option():
+    """env.reward=score (WebShop only): 10 x the purchase's task score instead of 10 x won; the
+    default stays the authors'; an unknown name is refused by the config, naming the choices."""
+    from hgpo_jax.config import ConfigError, load_config
+    from hgpo_jax.envs.registry import get_env, reward_names, with_reward
+
+    spec = get_env("webshop")
+    assert reward_names(spec) == ("default", "score")
+    partial = {"won": False, "task_score": 0.5}
+    assert spec.train_reward(0.5, partial) == 0.0  # the authors': only a perfect purchase
+    assert with_reward(spec, "score").train_reward(0.5, partial) == 5.0
+    assert with_reward(spec, "score").train_reward(0.0, {"won": False}) == 0.0  # not a purchase
+    assert with_reward(spec, "default") is spec
+    with pytest.raises(ValueError, match="has no training reward 'dense'; use one of default, score"):
+        with_reward(spec, "dense")
+    assert load_config("tiny_cpu_webshop", ["env.reward=score"]).env.reward == "score"
+    with pytest.raises(ConfigError, match="env.reward='score' is not allowed; use one of default"):
+        load_config("tiny_cpu", ["env.reward=score"])  # ALFWorld has its own reward only

@@ -36,7 +36,9 @@ class EnvSpec:
     splits: the split names; eval_splits: the default evaluation splits;
     build_prompt(task, observation, admissible_actions, history, memory_len) -> the user message;
     project(reply, rules) -> (action, valid) (rules: hgpo_jax.envs.prompts.PROJECTIONS);
-    train_reward(reward, info) -> the reward of a step for training;
+    train_reward(reward, info) -> the reward of a step for training (the authors');
+    rewards: other training rewards the env offers, by name (`env.reward`; "default" is
+    train_reward), e.g. WebShop's dense "score";
     score_key: an info key holding an episode score to report beside success (None: none);
     record_episodes(env_cfg, split, n, kind, *, seed, progress) -> n recorded episodes of a
     split for `sft` (kind "expert", or "random" where the env has it; hgpo_jax.sft.data.Episode);
@@ -50,6 +52,7 @@ class EnvSpec:
     build_prompt: Callable
     project: Callable
     train_reward: Callable[[float, dict], float] = env_reward
+    rewards: tuple[tuple[str, Callable[[float, dict], float]], ...] = ()
     score_key: str | None = None
     record_episodes: Callable | None = None
 
@@ -63,6 +66,25 @@ def _specs() -> dict[str, EnvSpec]:
                 raise ValueError(f"env {name!r} is declared twice ({module})")
             specs[name] = spec
     return specs
+
+
+DEFAULT_REWARD = "default"
+
+
+def reward_names(spec: EnvSpec) -> tuple[str, ...]:
+    """The training rewards `spec` offers (`env.reward`): "default" and its own."""
+    return (DEFAULT_REWARD, *(name for name, _ in spec.rewards))
+
+
+def with_reward(spec: EnvSpec, name: str) -> EnvSpec:
+    """`spec` whose `train_reward` is its reward `name` (reward_names); an error names them."""
+    if name == DEFAULT_REWARD:
+        return spec
+    found = dict(spec.rewards)
+    if name not in found:
+        raise ValueError(f"env {spec.name!r} has no training reward {name!r}; use one of "
+                         f"{', '.join(reward_names(spec))}")
+    return dataclasses.replace(spec, train_reward=found[name])
 
 
 def env_names() -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
 from hgpo_jax.config import CRITIC_ESTIMATOR
-from hgpo_jax.envs.registry import get_env
+from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
 from hgpo_jax.rl.batching import (MicroBatch, fixed_micro_weights, gather_rows, length_ladder,
                                    minibatch_indices, pack_rows, packed_shape, take_micro,
@@ -345,7 +345,7 @@ class Trainer(Run):
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
                                               window=r.max_new_tokens, token_budget=self.budget)
 
-            self.env_spec = get_env(cfg.env.name)
+            self.env_spec = with_reward(get_env(cfg.env.name), cfg.env.reward)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
             if resume:

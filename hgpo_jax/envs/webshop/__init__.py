@@ -28,6 +28,13 @@ def train_reward(reward: float, info: dict) -> float:
     return WIN_REWARD if info.get("won") else 0.0
 
 
+def score_reward(reward: float, info: dict) -> float:
+    """`env.reward=score` (not the authors'): 10 x the task score of the purchase (0..1, so
+    partly right purchases earn part of it), 0 on other steps: a dense signal for policies that
+    rarely buy exactly the right item."""
+    return WIN_REWARD * float(reward)
+
+
 def _make_env(env_cfg):
     import functools
 
@@ -89,7 +96,8 @@ def _env_specs() -> dict:
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("test",), build_prompt=build_prompt, project=project,
-        train_reward=train_reward, score_key=SCORE_KEY, record_episodes=_record_episodes)}
+        train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
+        record_episodes=_record_episodes)}
 
 
 ENV_SPECS = _env_specs()
