@@ -167,8 +167,8 @@ def stage_sft(study: Study, args, state: dict) -> dict:
     for name, extra in rounds:
         run = os.path.join(args.runs, name)
         runs.append(run)
-        if has_log(args.out, name) and has_warm_start(args.out):
-            continue  # kept (its log is kept after its export)
+        if study.more_sft and has_warm_start(args.out) and has_log(args.out, name):
+            continue  # a round of several, kept (its log is kept after its export)
         argv = ["sft", study.sft_config, f"train.run_dir={run}", f"mesh.data={args.devices}",
                 *study.sft_overrides(args), *extra, *args.set_sft]
         seconds += run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
@@ -225,8 +225,7 @@ def finished(study: Study, stage: str, args, state: dict) -> bool:
     if stage == "experts":
         return has_warm_start(args.out) or study.experts_done(args)
     if stage == "sft":
-        return has_warm_start(args.out) and all(has_log(args.out, name)
-                                                for name in ["sft", *(n for n, _ in study.more_sft)])
+        return has_warm_start(args.out) and all(has_log(args.out, name) for name, _ in study.more_sft)
     if stage == "eval_warm":
         return has_log(args.out, "eval_warm")
     if stage == "rl":

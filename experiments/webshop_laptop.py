@@ -98,6 +98,9 @@ def stage_report(args, state: dict) -> dict:
     if os.path.isfile(experts_path):
         with open(experts_path, encoding="utf-8") as f:
             rows["instruction shopper (the SFT's expert)"] = [json.load(f)["test"]]
+    first = laptop.kept_log(args.out, "eval_warm_sft600")  # the first warm start (before sft_more)
+    if os.path.isfile(os.path.join(first, "metrics.jsonl")):
+        rows["warm start after 600 SFT steps (first round)"] = [last_eval(first)]
     return laptop.write_report(
         args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
         caption="Task score (x 100) and success (%) on the test goals evaluated (eval.games of"
