@@ -54,6 +54,8 @@ AGGS = ("token-mean", "seq-mean")  # the loss aggregation (rl.loss)
 EVAL_PROTOCOLS = ("verl-agent", "each-once")  # rl.evaluation
 ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a penalty on single "
                       "rows (penalty_placement='row') cannot keep")
+BASE_KEY = "base"
+RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 
 
 def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
@@ -63,8 +65,6 @@ def one_score_conflict(estimator: str, stats: str, penalty_placement: str, inval
     estimator that uses episode scores (all but HGPO without its base group)."""
     return (stats == "paper" and penalty_placement == "row" and invalid_penalty > 0
             and (estimator != "hgpo" or bool(base_group)))
-BASE_KEY = "base"
-RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 
 
 class ConfigError(ValueError):

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-
 from typing import Any
 
 import flax.struct

@@ -423,8 +423,6 @@ def alfworld_episodes_path(split: str, num_games: int, kind: str = "expert") -> 
     return os.path.join(cache_root(), "expert", f"{name}.jsonl")
 
 
-
-
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
     if kind not in ALFWORLD_KINDS:

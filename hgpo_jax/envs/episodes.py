@@ -40,7 +40,6 @@ class Episode:
     score: float | None = None
 
 
-
 def play_episode(env, task, choose: Callable[[str, dict, int], str], max_steps: int,
                  source: str = "", score_key: str | None = None) -> Episode:
     """Run one episode of `env` on `task`; choose(observation, info, t) -> action string.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hgpo_jax.envs.episodes import Episode
+from hgpo_jax.envs.episodes import Episode, play_episode
 
 PALETTE = ("red", "blue", "green", "yellow", "white", "black")
 WIN_REWARD = 10.0
@@ -157,8 +157,6 @@ def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, m
     uniformly random admissible action at every step (the format without the skill)."""
     import numpy as np
 
-    from hgpo_jax.envs.episodes import play_episode
-
     if kind not in ("expert", "random"):
         raise ValueError(f"unknown toy episode kind {kind!r}; use 'expert' or 'random'")
     env = ToyMemoryEnv(max_steps=max_steps, **env_kwargs)
@@ -173,8 +171,6 @@ def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, m
             choose = lambda obs, info, t: str(rng.choice(info["admissible_actions"]))  # noqa: E731
         out.append(play_episode(env, task, choose, max_steps, source=f"toy:{task}"))
     return out
-
-
 
 
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,

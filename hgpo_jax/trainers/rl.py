@@ -1,18 +1,20 @@
-"""The training loop: rollout -> advantages -> old/ref log-probs -> PPO epochs -> checkpoint.
+"""The training loop: rollout -> rows and old/ref log-probs -> advantages -> PPO epochs ->
+checkpoint.
 
     trainer = Trainer(load_config("tiny_cpu"))
     trainer.train()          # or: hgpo-jax train tiny_cpu [key=value ...] [--resume]
 
 One iteration (docs/training.md):
-1. rollout: `num_groups` tasks x `group_size` envs in lockstep (sampler + EnvPool);
-2. advantages: `compute_step_advantages(estimator, ...)` on the step rows (host grouping + jit);
-   with `algo.estimator: ppo`, after step 3: the critic's values, GAE and whitening (rl/critic.py);
-3. pack every step into a row (prompt + response, loss on response tokens), compute the rollout
-   policy's and the frozen reference policy's token log-probs (jit, sharded over the batch);
-4. `ppo_epochs` passes over shuffled mini-batches, each one AdamW update with micro-batch
+1. collect: `num_groups` tasks x `group_size` envs in lockstep (sampler + EnvPool);
+2. rows: pack every step into a row (prompt + response, loss on response tokens), compute the
+   rollout policy's and the frozen reference policy's token log-probs (jit, sharded over the batch);
+3. advantages: `compute_step_advantages(estimator, ...)` on the step rows (host grouping + jit),
+   or with `algo.estimator: ppo` the critic's values, GAE and whitening (rl/critic.py);
+4. update: `ppo_epochs` passes over shuffled mini-batches, each one AdamW update with micro-batch
    gradient accumulation; a non-finite loss/gradient skips that update (logged); a PPO run
    first updates its critic on the same mini-batches;
-5. metrics to JSONL + TensorBoard; a checkpoint every `save_every` iterations and on SIGTERM.
+5. row statistics reduced over processes; metrics to JSONL + TensorBoard; a checkpoint every
+   `save_every` iterations and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class TaskSampler:
         self.rng.bit_generator.state = state["rng"]
 
 
-def row_statistics(parts: list[dict]) -> tuple[dict[str, float], float]:
+def merge_row_statistics(parts: list[dict]) -> tuple[dict[str, float], float]:
     """(metrics, tokens): the per-row statistics of an iteration over all processes. parts: one dict per process,
     {"rows": n, "adv": [sum, sum of squares], "tokens": t, "logp_gap": [sum, count],
     "row_means": {metric: mean over its rows}}; row means are weighted by rows."""
@@ -233,7 +235,11 @@ class StepRows:
 
     batch: RolloutBatch
     arrays: dict
-    num_rows: int
+
+    @property
+    def num_rows(self) -> int:
+        """n: the real rows (the packed arrays' first n rows)."""
+        return len(self.batch)
 
 
 @dataclasses.dataclass
@@ -334,12 +340,13 @@ class Trainer(Run):
             self.advantages = (CriticAdvantages(critic, a.invalid_penalty, r.max_new_tokens, self.mesh,
                                                 self.mb_shardings)
                                if ppo else GroupAdvantages(a, t.diagnostics))
-            self.train_step = make_train_step(self.graphdef, self.tx, build_loss_config(cfg), num_micro,
+            loss_cfg = build_loss_config(cfg)
+            self.train_step = make_train_step(self.graphdef, self.tx, loss_cfg, num_micro,
                                               self.mesh, self.shardings, self.opt_shardings,
                                               window=r.max_new_tokens, token_advantages=ppo)
             self.budget = t.max_tokens_per_micro_batch  # token-budget micro-batches (0: fixed)
             self.budget_step = make_budget_train_step(
-                self.graphdef, self.tx, build_loss_config(cfg), self.budget, self.mesh,
+                self.graphdef, self.tx, loss_cfg, self.budget, self.mesh,
                 self.shardings, self.opt_shardings, window=r.max_new_tokens,
                 token_advantages=ppo) if self.budget else None
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
@@ -450,7 +457,7 @@ class Trainer(Run):
                            batch.sample_logp, pad_id=self.tokenizer.pad_token_id,
                            row_multiple=row_multiple, length_multiple=t.pad_multiple, shape=shape,
                            max_response=self.cfg.rollout.max_new_tokens)
-        rows = StepRows(batch, packed.arrays(), packed.num_rows)
+        rows = StepRows(batch, packed.arrays())
         rows.arrays["old_logp"] = self._logprobs(self.state.params, rows.arrays)
         rows.arrays["ref_logp"] = self._logprobs(self.state.ref_params, rows.arrays)
         return rows
@@ -504,7 +511,7 @@ class Trainer(Run):
         gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
         tokens = float(arrays["attention_mask"].sum())
         if self.procs > 1:
-            return row_statistics(dist.allgather_json({
+            return merge_row_statistics(dist.allgather_json({
                 "rows": len(rows.batch), "adv": [float(adv.row_adv.sum()),
                                                  float(np.square(adv.row_adv).sum())],
                 "tokens": tokens, "logp_gap": [float(gap), float(mask.sum())],
