@@ -61,6 +61,7 @@ import numpy as np
 
 from hgpo_jax.config import load_config
 from hgpo_jax.models.config import Qwen2Config
+from hgpo_jax.rl.batching import TokenRows
 from hgpo_jax.rl.rollout import Policy
 from hgpo_jax.rl.sampling import batch_bucket, new_tokens_bucket, prompt_bucket
 from hgpo_jax.trainers.rl import Trainer
@@ -310,8 +311,7 @@ class BenchTrainer(Trainer):
 
     def _record_step(self, args, wall):
         mb = args[2] if len(args) > 2 else None  # a (micro-)batch, or a budget update's state
-        rows = (_row_stats(mb["attention_mask"], mb["response_mask"])
-                if isinstance(mb, dict) and "attention_mask" in mb
+        rows = (_row_stats(mb.attention_mask, mb.response_mask) if isinstance(mb, TokenRows)
                 else {"lengths": [], "response": 0.0, "slots": 0})
         self.step_calls.append({"wall": wall, **rows})
 

@@ -74,9 +74,6 @@ def collect(iterations: int, out: str, seed: int) -> None:
     print(f"wrote {out}")
 
 
-ACTOR_KEYS = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logp", "ref_logp")
-
-
 def iteration_rows(record: dict, vocab: int, seed: int):
     """(prompts, responses, advantages) of one recorded iteration: random ids, the real lengths."""
     import numpy as np
@@ -103,21 +100,22 @@ def run_iteration_update(trainer, packed, seed: int) -> tuple[float, float]:
     import jax
     import numpy as np
 
-    from hgpo_jax.rl.batching import gather_rows, minibatch_indices
+    from hgpo_jax.rl.batching import PolicyRows, gather_rows, minibatch_indices
 
     t0 = time.perf_counter()
     arrays = packed.arrays()
     arrays["old_logp"] = trainer._logprobs(trainer.state.params, arrays)
     arrays["ref_logp"] = trainer._logprobs(trainer.state.ref_params, arrays)
     t1 = time.perf_counter()
+    rows = PolicyRows.of(arrays)
     rng = np.random.default_rng(seed)
     for idx in minibatch_indices(packed.num_rows, trainer.cfg.train.mini_batch_size, rng):
         if trainer.budget:
-            params, opt_state, m = trainer._budget_update(arrays, idx, ACTOR_KEYS)
+            params, opt_state, m = trainer._budget_update(rows, idx)
         else:
             params, opt_state, m = trainer.train_step(
                 trainer.state.params, trainer.state.opt_state,
-                gather_rows({k: arrays[k] for k in ACTOR_KEYS}, idx))
+                gather_rows(rows, idx))
         trainer.state = trainer.state.replace(params=params, opt_state=opt_state)
         jax.device_get(m)
     return t1 - t0, time.perf_counter() - t1
@@ -128,12 +126,12 @@ def padding_stats(trainer, packed, seed: int) -> dict:
     them, and the distinct (rows, length) shapes: from the same plans the trainer makes."""
     import numpy as np
 
-    from hgpo_jax.rl.batching import gather_rows, minibatch_indices, token_budget_micro_batches
+    from hgpo_jax.rl.batching import TokenRows, gather_rows, minibatch_indices, token_budget_micro_batches
 
     t = trainer.cfg.train
     arrays = packed.arrays()
     lengths = arrays["attention_mask"].sum(1)
-    ladder, shards = trainer._ladder(arrays), trainer.dp // trainer.procs
+    ladder, shards = trainer._ladder(arrays["input_ids"].shape[1]), trainer.dp // trainer.procs
     out = {"update_positions": 0, "update_tokens": 0, "logprob_positions": 0,
            "logprob_tokens": int(lengths.sum()), "update_shapes": set(), "logprob_shapes": set()}
     S, L = arrays["input_ids"].shape
@@ -146,11 +144,11 @@ def padding_stats(trainer, packed, seed: int) -> dict:
         out["logprob_shapes"].add((t.micro_batch_size, L))
     rng = np.random.default_rng(seed)
     for idx in minibatch_indices(packed.num_rows, t.mini_batch_size, rng):
-        mb = gather_rows({k: arrays[k] for k in ("attention_mask", "response_mask")}, idx)
-        own = mb["attention_mask"].sum(1)
+        mb = gather_rows(TokenRows.of(arrays), idx)
+        own = mb.attention_mask.sum(1)
         out["update_tokens"] += int(own.sum())
         if trainer.budget:
-            plan = token_budget_micro_batches(np.where(mb["response_mask"].sum(1) > 0, own, 0),
+            plan = token_budget_micro_batches(np.where(mb.response_mask.sum(1) > 0, own, 0),
                                               trainer.budget, ladder, shards=shards)
             out["update_positions"] += sum(m.rows.size * m.length for m in plan)
             out["update_shapes"].update(m.shape for m in plan)

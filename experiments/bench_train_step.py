@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (be
 from hgpo_jax.models import Qwen2Config, make_mesh  # noqa: E402
 from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, resolve_attention  # noqa: E402
 from hgpo_jax.trainers.plan import PRESETS  # noqa: E402
+from hgpo_jax.rl.batching import PolicyRows  # noqa: E402
 from hgpo_jax.rl.ppo import LossConfig, make_train_step  # noqa: E402
 from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings  # noqa: E402
 from hgpo_jax.rl.sampling import Sampler  # noqa: E402
@@ -46,16 +47,16 @@ def shape_config(name: str) -> Qwen2Config:
     return SHAPES[name]
 
 
-def random_minibatch(rows: int, seq: int, vocab: int, response: int, seed: int = 0) -> dict:
+def random_minibatch(rows: int, seq: int, vocab: int, response: int, seed: int = 0) -> PolicyRows:
     """A PPO mini-batch of full-length rows: the last `response` tokens carry the loss."""
     rng = np.random.default_rng(seed)
     resp = np.zeros((rows, seq), np.float32)
     resp[:, max(seq - response, 1):] = 1.0
-    return {"input_ids": rng.integers(0, vocab, (rows, seq)).astype(np.int32),
-            "attention_mask": np.ones((rows, seq), np.int32), "response_mask": resp,
-            "advantages": rng.standard_normal(rows).astype(np.float32),
-            "old_logp": np.full((rows, seq), -2.0, np.float32),
-            "ref_logp": np.full((rows, seq), -2.0, np.float32)}
+    return PolicyRows(input_ids=rng.integers(0, vocab, (rows, seq)).astype(np.int32),
+                      attention_mask=np.ones((rows, seq), np.int32), response_mask=resp,
+                      advantages=rng.standard_normal(rows).astype(np.float32),
+                      old_logp=np.full((rows, seq), -2.0, np.float32),
+                      ref_logp=np.full((rows, seq), -2.0, np.float32))
 
 
 def model_flops_per_token(cfg: Qwen2Config, n_params: int, seq: int) -> float:

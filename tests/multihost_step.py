@@ -43,11 +43,10 @@ def main(argv=None) -> int:
     from flax import nnx
 
     from hgpo_jax.models import make_mesh
-    from hgpo_jax.rl.batching import length_ladder
-    from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, PPO_BATCH, LossConfig, make_budget_train_step,
-                                 make_train_step)
+    from hgpo_jax.rl.batching import PolicyRows, length_ladder
+    from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
     from hgpo_jax.rl.update import (batch_sharding, budget_update, init_opt_state, make_logprob_fn,
-                                    make_optimizer, param_shardings)
+                                    make_optimizer, on_mesh, param_shardings)
     from hgpo_jax.trainers.rl import budget_minibatch, budget_rows_pass
     from hgpo_jax.runs import load_model
 
@@ -62,32 +61,30 @@ def main(argv=None) -> int:
         opt_state, opt_shardings = init_opt_state(tx, params, mesh)
         mb = minibatch(model.config.vocab_size)
         own = slice(index * ROWS // procs, (index + 1) * ROWS // procs)  # this process's rows
-        mb_sh = {k: batch_sharding(mesh, n) for k, n in {**PPO_BATCH, **BUDGET_WEIGHTS}.items()}
+        rows_sh = batch_sharding(mesh, 2)
         budget = BUDGET if name == "budget" else 0
         logp_fn = make_logprob_fn(graphdef, mesh, shardings, token_budget=budget)
         ladder = length_ladder(LENGTH, 8)
         if budget:
             logp = budget_rows_pass(logp_fn, params, {k: v[own] for k, v in mb.items()}, budget,
-                                    ladder, 2 // procs, mb_sh["input_ids"], mesh)
+                                    ladder, 2 // procs, mesh)
         else:
-            logp = dist.local_rows(logp_fn(params, *(dist.global_rows(mb[k][own], mb_sh["input_ids"])
+            logp = dist.local_rows(logp_fn(params, *(dist.global_rows(mb[k][own], rows_sh)
                                                      for k in ("input_ids", "attention_mask", "response_mask"))),
                                    mesh)
-        local = {k: v[own] for k, v in mb.items()}
-        local["ref_logp"] = logp
-        local["old_logp"] = logp - 0.1 * np.random.default_rng(1).normal(size=(ROWS, LENGTH)
-                                                                          ).astype(np.float32)[own]
+        local = PolicyRows(**{k: v[own] for k, v in mb.items()}, ref_logp=logp,
+                           old_logp=logp - 0.1 * np.random.default_rng(1).normal(
+                               size=(ROWS, LENGTH)).astype(np.float32)[own])
         if budget:
             step = make_budget_train_step(graphdef, tx, LossConfig(), budget, mesh, shardings,
                                           opt_shardings)
-            micros = budget_minibatch(local, ROWS // MICRO, "token-mean", budget, ladder, 2 // procs, mb_sh)
+            micros = budget_minibatch(local, ROWS // MICRO, "token-mean", budget, ladder, 2 // procs, mesh)
             params, opt_state, metrics = budget_update(step, params, opt_state, micros)
         else:
             step = make_train_step(graphdef, tx, LossConfig(), ROWS // MICRO, mesh, shardings, opt_shardings)
-            params, opt_state, metrics = step(params, opt_state,
-                                              dist.global_tree(local, {k: mb_sh[k] for k in local}))
+            params, opt_state, metrics = step(params, opt_state, on_mesh(local, mesh))
         out[f"{name}/logp"] = dist.to_host(logp_fn(params, *(
-            dist.global_rows(mb[k][own], mb_sh["input_ids"])
+            dist.global_rows(mb[k][own], rows_sh)
             for k in ("input_ids", "attention_mask", "response_mask"))))
         out[f"{name}/loss"] = np.asarray(jax.device_get(metrics["train/loss"]))
         out[f"{name}/grad_norm"] = np.asarray(jax.device_get(metrics["train/grad_norm"]))

@@ -144,6 +144,7 @@ def test_token_values_read_the_state_before_each_response_token():
     from flax import nnx
 
     from hgpo_jax.models import Qwen2Config
+    from hgpo_jax.rl.batching import CriticRows
     from hgpo_jax.rl.critic import make_critic_step, make_value_fn, token_values, window_masks
     from hgpo_jax.rl.update import make_optimizer
 
@@ -164,12 +165,12 @@ def test_token_values_read_the_state_before_each_response_token():
     tx = make_optimizer(1e-2)
     step = make_critic_step(graphdef, tx, 0.5, 6, num_micro=1)
     returns = jnp.asarray(np.where(value_mask > 0, 3.0, 0.0), jnp.float32)
-    mb = {"input_ids": ids, "attention_mask": att, "response_mask": rm, "values": values, "returns": returns}
+    mb = CriticRows(input_ids=ids, attention_mask=att, response_mask=rm, values=values, returns=returns)
     opt = tx.init(params)
     losses = []
     for _ in range(5):
         params, opt, m = step(params, opt, mb)
-        mb["values"] = make_value_fn(graphdef, 6)(params, ids, att, rm)
+        mb = mb.replace(values=make_value_fn(graphdef, 6)(params, ids, att, rm))
         losses.append(float(m["train/vf_loss"]))
     assert losses[-1] < losses[0] and 0 <= float(m["train/vf_clipfrac"]) <= 1
     assert window_masks(rm, 6)[1].shape == (7, 6)

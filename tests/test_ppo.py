@@ -9,7 +9,7 @@ from flax import nnx
 from hf_models import TINY_SHAPES
 
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
-from hgpo_jax.rl.batching import gather_rows, minibatch_indices, pack_rows
+from hgpo_jax.rl.batching import PolicyRows, gather_rows, minibatch_indices, pack_rows
 from hgpo_jax.rl.ppo import LossConfig, make_train_step
 from hgpo_jax.rl.update import (init_opt_state, make_logprob_fn, make_optimizer, param_shardings,
                                 shard_params, token_logprobs)
@@ -53,9 +53,36 @@ def test_minibatches_cover_every_row_once_and_pad_with_inert_rows():
     assert [len(i) for i in idx] == [4, 4, 4]
     assert sorted(flat[flat >= 0]) == list(range(10)) and (flat < 0).sum() == 2
     b = random_batch(10)
-    rows = gather_rows(b.arrays(), idx[-1])
+    a = b.arrays()
+    rows = gather_rows(PolicyRows.of({**a, "old_logp": a["sample_logp"], "ref_logp": a["sample_logp"]}), idx[-1])
     pad = idx[-1] < 0
-    assert rows["response_mask"][pad].sum() == 0 and (rows["advantages"][pad] == 0).all()
+    assert rows.response_mask[pad].sum() == 0 and (rows.advantages[pad] == 0).all()
+
+
+def test_typed_batches_declare_their_ranks_and_inert_fields():
+    """The batch classes are the one place a field's rank and dtype are written: `spec` gives
+    them (advantages per token with a critic; the row weights only for token-budget
+    micro-batches), and an inert row zeroes masks, advantages and weights but not the ids."""
+    from hgpo_jax.rl.batching import CriticRows, TokenRows
+
+    spec = PolicyRows.spec(4, 16)
+    assert spec.advantages.shape == (4,) and spec.old_logp.shape == (4, 16)
+    assert spec.input_ids.dtype == np.int32 and spec.token_weight is None
+    weighted = PolicyRows.spec(4, 16, token_advantages=True, weighted=True)
+    assert weighted.advantages.shape == (4, 16) and weighted.agg_weight.shape == (4,)
+    assert len(jax.tree.leaves(weighted)) == len(jax.tree.leaves(spec)) + 2
+    assert [x.shape for x in jax.tree.leaves(CriticRows.spec(2, 3))] == [(2, 3)] * 5
+    assert CriticRows.spec(2, 3, window=5).returns.shape == (2, 5)  # the response window
+    with pytest.raises(ValueError, match="no fields"):
+        TokenRows.spec(ndims={"advantages": 2})
+    a = random_batch(4).arrays()
+    rows = PolicyRows.of({**a, "old_logp": a["sample_logp"], "ref_logp": a["sample_logp"],
+                          "token_weight": np.ones(4, np.float32), "agg_weight": np.ones(4, np.float32)})
+    got = gather_rows(rows, np.array([1, -1]))
+    assert isinstance(got, PolicyRows) and got.rows == 2
+    for name in ("attention_mask", "response_mask", "advantages", "token_weight", "agg_weight"):
+        assert not getattr(got, name)[1].any(), name
+    np.testing.assert_array_equal(got.input_ids[1], a["input_ids"][0])  # ids kept: only masks matter
 
 
 def test_token_logprobs_equal_log_softmax_of_the_full_logits():
@@ -172,10 +199,10 @@ def minibatch(logprob, params, batch, perturb=0.05):
     a = batch.arrays()
     old = np.asarray(logprob(params, a["input_ids"], a["attention_mask"], a["response_mask"]))
     rng = np.random.RandomState(1)
-    return {"input_ids": a["input_ids"], "attention_mask": a["attention_mask"],
-            "response_mask": a["response_mask"], "advantages": a["advantages"],
-            "old_logp": old + perturb * rng.randn(*old.shape).astype(np.float32),
-            "ref_logp": old - perturb * rng.rand(*old.shape).astype(np.float32)}
+    return PolicyRows(input_ids=a["input_ids"], attention_mask=a["attention_mask"],
+                      response_mask=a["response_mask"], advantages=a["advantages"],
+                      old_logp=old + perturb * rng.randn(*old.shape).astype(np.float32),
+                      ref_logp=old - perturb * rng.rand(*old.shape).astype(np.float32))
 
 
 def test_train_step_updates_params_and_lowers_the_loss():
@@ -208,9 +235,9 @@ def test_train_step_entropy_bonus():
         opt_state, _ = init_opt_state(tx, params)
         step = make_train_step(graphdef, tx, LossConfig(entropy_coef=coef), 2)
         mb = minibatch(make_logprob_fn(graphdef), params, batch)
-        _, ent = token_logprobs(model, jnp.asarray(mb["input_ids"]), jnp.asarray(mb["attention_mask"]),
+        _, ent = token_logprobs(model, jnp.asarray(mb.input_ids), jnp.asarray(mb.attention_mask),
                                 with_entropy=True)
-        ent, rm = np.asarray(ent), mb["response_mask"]
+        ent, rm = np.asarray(ent), mb.response_mask
         # the step averages the micro-batches' token-means; micro-batch j holds rows j, j + 2, ...
         want_ent = np.mean([(ent[j::2] * rm[j::2]).sum() / rm[j::2].sum() for j in range(2)])
         _, _, m = step(params, opt_state, mb)
@@ -229,8 +256,8 @@ def test_train_step_entropy_bonus():
 def test_nonfinite_loss_skips_the_update():
     graphdef, params, opt_state, step, logprob = setup_step()
     mb = minibatch(logprob, params, random_batch(8))
-    mb["advantages"] = mb["advantages"].copy()
-    mb["advantages"][0] = np.nan
+    mb = mb.replace(advantages=mb.advantages.copy())
+    mb.advantages[0] = np.nan
     before = jax.tree.map(np.asarray, params)
     opt_before = jax.tree.map(np.asarray, opt_state)
     params, opt_state, m = step(params, opt_state, mb)

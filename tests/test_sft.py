@@ -20,7 +20,7 @@ from hgpo_jax.envs.toy import TOY_INTRO, ToyMemoryEnv, toy_episodes
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.build import resolve_model_path
 from hgpo_jax.models.local import train_tokenizer
-from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.batching import TokenRows, pack_rows
 from hgpo_jax.rl.update import token_logprobs
 from hgpo_jax.rl.rollout import Policy, collect_rollouts
 from hgpo_jax.trainers.rl import Trainer
@@ -208,23 +208,23 @@ def test_loss_covers_the_response_tokens_only(tok):
                                      ("a longer prompt here", "<action>x</action>")], tok, 64)
     packed = pack_rows([s.prompt_ids for s in samples], [s.response_ids for s in samples],
                        np.zeros(2, np.float32), pad_id=tok.pad_token_id)
-    micro = {k: packed.arrays()[k] for k in ("input_ids", "attention_mask", "response_mask")}
+    micro = TokenRows.of(packed.arrays())
     loss, metrics = nll_micro_loss(model, micro)
     # by hand from the full logits: -mean over response positions of log p(token | prefix)
-    logits = np.asarray(model(micro["input_ids"], attention_mask=micro["attention_mask"]), np.float64)
+    logits = np.asarray(model(micro.input_ids, attention_mask=micro.attention_mask), np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
     picked, count = 0.0, 0
     for row, s in enumerate(samples):
         P, R = len(s.prompt_ids), len(s.response_ids)
-        assert micro["response_mask"][row].sum() == R and micro["response_mask"][row, P:P + R].all()
+        assert micro.response_mask[row].sum() == R and micro.response_mask[row, P:P + R].all()
         for pos in range(P, P + R):
-            picked += logp[row, pos - 1, micro["input_ids"][row, pos]]
+            picked += logp[row, pos - 1, micro.input_ids[row, pos]]
             count += 1
     np.testing.assert_allclose(float(loss), -picked / count, rtol=1e-5)
     assert float(metrics["nll"]) == pytest.approx(float(loss))
     # changing the prompt tokens' targets does not change the loss's mask
-    logp_all = token_logprobs(model, micro["input_ids"], micro["attention_mask"])
+    logp_all = token_logprobs(model, micro.input_ids, micro.attention_mask)
     assert np.all(np.asarray(logp_all)[:, 0] == 0.0)
 
 
@@ -295,7 +295,7 @@ def test_sft_group_by_length_pads_less_and_resumes_exactly(tmp_path):
     stop-and-resume run equals the uninterrupted one (the grouped order is saved)."""
     def padded(cfg):
         with SftTrainer(cfg, progress=False) as tr:
-            return sum(tr._pack([tr.train_samples[i] for i in tr.next_indices(8)], 4)["input_ids"].size
+            return sum(tr._pack([tr.train_samples[i] for i in tr.next_indices(8)], 4).input_ids.size
                        for _ in range(8))
     extra = ("sft.group_by_length=true", "train.pad_multiple=8")
     assert padded(sft_config(tmp_path / "g", *extra)) < padded(sft_config(tmp_path / "u", "train.pad_multiple=8"))

@@ -11,8 +11,8 @@ from hf_models import TINY_SHAPES
 
 from hgpo_jax.config import ConfigError, load_config
 from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
-from hgpo_jax.rl.batching import (fit_length, fixed_micro_weights, gather_rows, length_ladder,
-                                  pack_rows, take_micro, token_budget_micro_batches)
+from hgpo_jax.rl.batching import (PolicyRows, TokenRows, fit_length, fixed_micro_weights, gather_rows,
+                                  length_ladder, pack_rows, take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step, ppo_micro_loss
 from hgpo_jax.rl.update import (budget_update, init_opt_state, make_logprob_fn, param_shardings,
                                 shard_params)
@@ -124,12 +124,13 @@ def test_config_key_is_validated():
 
 # --------------------------------------------------------------------------- the update
 def budget_micros(a, num_micro, budget, agg, shards=1, length_multiple=8):
-    """The token-budget micro-batches of mini-batch `a` (all rows, one process), with weights."""
-    tokens = a["response_mask"].sum(1).astype(np.int64)
+    """The token-budget micro-batches of mini-batch `a` (`PolicyRows`, all rows, one process),
+    with weights."""
+    tokens = a.response_mask.sum(1).astype(np.int64)
     token_w, agg_w = fixed_micro_weights(tokens, num_micro, agg)
-    rows = dict(a, token_weight=token_w, agg_weight=agg_w)
-    lengths = np.where(tokens > 0, a["attention_mask"].sum(1), 0)
-    ladder = length_ladder(a["input_ids"].shape[1], length_multiple)
+    rows = a.replace(token_weight=token_w, agg_weight=agg_w)
+    lengths = np.where(tokens > 0, a.attention_mask.sum(1), 0)
+    ladder = length_ladder(a.input_ids.shape[1], length_multiple)
     plan = token_budget_micro_batches(lengths, budget, ladder, shards=shards)
     return [take_micro(rows, m.rows[0], m.length) for m in plan], plan
 
@@ -141,7 +142,7 @@ def fixed_grads(graphdef, params, mb, loss_cfg, num_micro, window):
 
     def f(p):
         model = nnx.merge(graphdef, p)
-        parts = [loss(model, {k: v[j::num_micro] for k, v in mb.items()})[0] for j in range(num_micro)]
+        parts = [loss(model, jax.tree.map(lambda v: v[j::num_micro], mb))[0] for j in range(num_micro)]
         return sum(parts) / num_micro
 
     return jax.jit(jax.grad(f))(params)
@@ -157,8 +158,7 @@ def test_budget_update_equals_the_padded_fixed_update(agg, token_adv, entropy):
     if token_adv:  # PPO with a critic: token-level advantages
         a["advantages"] = (np.random.RandomState(3).randn(*a["input_ids"].shape).astype(np.float32)
                            * a["response_mask"])
-    keys = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logp", "ref_logp")
-    mb = {k: a[k] for k in keys}
+    mb = PolicyRows.of(a)
     loss_cfg = LossConfig(agg=agg, entropy_coef=entropy)
     graphdef, params = nnx.split(Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
     micros, plan = budget_micros(mb, 4, 96, agg)
@@ -188,8 +188,7 @@ def test_budget_update_with_adamw_on_a_sharded_mesh_equals_the_fixed_update():
     parameters as the fixed step's all-inert update does."""
     mesh = make_mesh(data=2, fsdp=2, tensor=1)
     a = ragged_batch(16, seed=1)
-    keys = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logp", "ref_logp")
-    mb = {k: a[k] for k in keys}
+    mb = PolicyRows.of(a)
     model = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     model.batch_mesh = mesh
     graphdef, params = nnx.split(model, nnx.Param)
@@ -230,8 +229,8 @@ def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
     plan = token_budget_micro_batches(a["attention_mask"].sum(1), 64,
                                       length_ladder(a["input_ids"].shape[1], 8))
     for m in plan:
-        part = take_micro({k: a[k] for k in args}, m.rows[0], m.length)
-        res = np.asarray(fn(params, *(part[k] for k in args)))
+        part = take_micro(TokenRows.of(a), m.rows[0], m.length)
+        res = np.asarray(fn(params, part.input_ids, part.attention_mask, part.response_mask))
         keep = m.rows[0] >= 0
         out[m.rows[0][keep], :m.length] = res[keep]
     np.testing.assert_allclose(out, padded, atol=2e-5)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
+import flax.struct
+import jax
 import numpy as np
 
 
@@ -40,6 +43,104 @@ class TrainBatch:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "num_rows"}
+
+
+# --------------------------------------------------------------------------- device batches
+def rows_field(ndim: int, dtype=np.float32, *, optional: bool = False, inert: bool = False):
+    """A batch field: an array of `ndim` dims whose first is the rows ([M] or [M, L]), of
+    `dtype`. optional: None unless asked for (`TokenRows.spec(include=...)`). inert: zero in an
+    inert row (`gather_rows`), as a mask or a loss weight is."""
+    kwargs = {"default": None} if optional else {}
+    return flax.struct.field(metadata={"ndim": ndim, "dtype": dtype, "inert": inert}, **kwargs)
+
+
+Rows = TypeVar("Rows", bound="TokenRows")
+
+
+@flax.struct.dataclass
+class TokenRows:
+    """M right-padded rows of L tokens (a pytree: host NumPy or device arrays).
+
+    input_ids int32 [M, L]; attention_mask int32 [M, L] (1 on real tokens); response_mask
+    float32 [M, L] (1 on response tokens: the loss covers them only)."""
+
+    input_ids: Any = rows_field(2, np.int32)
+    attention_mask: Any = rows_field(2, np.int32, inert=True)
+    response_mask: Any = rows_field(2, inert=True)
+
+    @classmethod
+    def of(cls: type[Rows], arrays: Mapping[str, Any]) -> Rows:
+        """The class's fields out of a dict of arrays (optional ones left None when absent)."""
+        return cls(**{f.name: arrays[f.name] for f in dataclasses.fields(cls) if f.name in arrays})
+
+    @classmethod
+    def spec(cls: type[Rows], rows: int = 1, length: int = 8, *, include: Sequence[str] = (),
+             ndims: Mapping[str, int] | None = None) -> Rows:
+        """The batch as `jax.ShapeDtypeStruct`s of [rows] or [rows, length] (the fields' declared
+        ranks, or `ndims`' for the named ones): what a jitted step's shardings and abstract
+        evaluations are made from. Optional fields are None unless in `include`."""
+        ndims = dict(ndims or {})
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.default is None and f.name not in include:
+                continue
+            ndim = ndims.pop(f.name, f.metadata["ndim"])
+            out[f.name] = jax.ShapeDtypeStruct((rows, length)[:ndim], f.metadata["dtype"])
+        if ndims:
+            raise ValueError(f"{cls.__name__}.spec: no fields {sorted(ndims)}")
+        return cls(**out)
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@flax.struct.dataclass
+class PolicyRows(TokenRows):
+    """The PPO update's rows: `TokenRows` and
+
+    advantages float32 [M] per row, or [M, L] per token (PPO with a critic); old_logp, ref_logp
+    float32 [M, L] (the rollout policy's and the reference's token log-probs); token_weight,
+    agg_weight float32 [M]: a token-budget micro-batch's row weights (`fixed_micro_weights`;
+    None in a fixed mini-batch)."""
+
+    advantages: Any = rows_field(1, inert=True)
+    old_logp: Any = rows_field(2)
+    ref_logp: Any = rows_field(2)
+    token_weight: Any = rows_field(1, optional=True, inert=True)
+    agg_weight: Any = rows_field(1, optional=True, inert=True)
+
+    @classmethod
+    def spec(cls, rows: int = 1, length: int = 8, *, token_advantages: bool = False,
+             weighted: bool = False, **kwargs) -> PolicyRows:
+        """`TokenRows.spec` with advantages per token (`token_advantages`) and the token-budget
+        row weights (`weighted`)."""
+        return super().spec(rows, length, ndims={"advantages": 2} if token_advantages else None,
+                            include=("token_weight", "agg_weight") if weighted else (), **kwargs)
+
+
+@flax.struct.dataclass
+class CriticRows(TokenRows):
+    """The critic update's rows: `TokenRows` and values, returns float32 [M, W] (the value model's
+    old predictions and the GAE returns over the response window)."""
+
+    values: Any = rows_field(2)
+    returns: Any = rows_field(2)
+
+    @classmethod
+    def spec(cls, rows: int = 1, length: int = 8, *, window: int | None = None, **kwargs) -> CriticRows:
+        """`TokenRows.spec` with values and returns [rows, window] (default: `length`)."""
+        out = super().spec(rows, length, **kwargs)
+        if window is None:
+            return out
+        values = jax.ShapeDtypeStruct((rows, window), out.values.dtype)
+        return out.replace(values=values, returns=values)
+
+
+def _arrays(batch: TokenRows) -> dict[str, Any]:
+    """{field: array} of a batch (its None fields left out)."""
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)
+            if getattr(batch, f.name) is not None}
 
 
 MIN_BUCKET = 64
@@ -130,18 +231,16 @@ def minibatch_indices(num_rows: int, mini_batch_size: int, rng: np.random.Genera
     return [perm[i * mini_batch_size:(i + 1) * mini_batch_size] for i in range(count)]
 
 
-INERT_KEYS = ("attention_mask", "response_mask", "advantages", "token_weight", "agg_weight")
-
-
-def gather_rows(arrays: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows `idx` [M] of every [S, ...] array; index -1 gives an inert row (all masks, the
-    advantage and the loss weights 0, so it adds nothing to the loss or its gradient)."""
+def gather_rows(batch: Rows, idx: np.ndarray) -> Rows:
+    """Rows `idx` [M] of every [S, ...] host array of `batch`; index -1 gives an inert row (its
+    `inert` fields, the masks, advantages and loss weights, 0: it adds nothing to the loss or
+    its gradient)."""
     pad = idx < 0
-    out = {k: v[np.where(pad, 0, idx)].copy() for k, v in arrays.items()}
-    for k in INERT_KEYS:
-        if k in out:
-            out[k][pad] = 0
-    return out
+    out = {k: v[np.where(pad, 0, idx)].copy() for k, v in _arrays(batch).items()}
+    for f in dataclasses.fields(batch):
+        if f.metadata.get("inert") and f.name in out:
+            out[f.name][pad] = 0
+    return batch.replace(**out)
 
 
 # --------------------------------------------------------------------------- token budget
@@ -271,9 +370,9 @@ def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
             agg_w.reshape(tokens.shape).astype(np.float32))
 
 
-def take_micro(arrays: dict[str, np.ndarray], rows: np.ndarray, length: int) -> dict[str, np.ndarray]:
+def take_micro(batch: Rows, rows: np.ndarray, length: int) -> Rows:
     """One micro-batch from host arrays: rows `rows` [R] (-1: inert, see `gather_rows`) of every
-    array, and the first `length` columns of every 2-D [S, L] one (pass only arrays whose second
-    dimension is the token position)."""
-    out = gather_rows(arrays, rows)
-    return {k: v[:, :length] if v.ndim == 2 else v for k, v in out.items()}
+    array, and the first `length` columns of every 2-D [S, L] one (only for batches whose 2-D
+    arrays are token positions: `TokenRows`, `PolicyRows`)."""
+    out = _arrays(gather_rows(batch, rows))
+    return batch.replace(**{k: v[:, :length] if v.ndim == 2 else v for k, v in out.items()})

@@ -36,13 +36,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hgpo_jax.config import CRITIC_ESTIMATOR
+from hgpo_jax.rl.batching import CriticRows
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.update import batch_sharding, make_update_step, window_predictors, window_to_rows
 
 ESTIMATOR = CRITIC_ESTIMATOR  # algo.estimator of a run with a critic
 WHITEN_EPS = 1e-8
-CRITIC_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "values": 2,
-                "returns": 2}  # the critic step's mini-batch: key -> ndim
 
 
 def window_masks(response_mask, window: int):
@@ -118,12 +117,12 @@ def value_loss(vpred, old_values, returns, value_mask, clip: float):
 
 
 def critic_micro_loss(clip: float, window: int):
-    """micro_loss(critic, micro) -> (loss, metrics) for `make_update_step` (CRITIC_BATCH keys)."""
-    def micro_loss(critic, micro):
-        vpred = token_values(critic, micro["input_ids"], micro["attention_mask"],
-                             micro["response_mask"], window)
-        value_mask = window_masks(micro["response_mask"], window)[1]
-        loss, metrics = value_loss(vpred, micro["values"], micro["returns"], value_mask, clip)
+    """micro_loss(critic, micro: `CriticRows`) -> (loss, metrics) for `make_update_step`."""
+    def micro_loss(critic, micro: CriticRows):
+        vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
+                             window)
+        value_mask = window_masks(micro.response_mask, window)[1]
+        loss, metrics = value_loss(vpred, micro.values, micro.returns, value_mask, clip)
         return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
     return micro_loss
 
@@ -153,10 +152,10 @@ def make_gae_fn(window: int, gamma: float, lam: float, mesh: Mesh | None = None)
 def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
                      mesh: Mesh | None = None, shardings=None, opt_shardings=None):
     """jit(critic params, opt_state, mb) -> (params, opt_state, metrics): one critic update on a
-    mini-batch (CRITIC_BATCH), micro-batch token-means averaged (as verl's accumulation);
+    mini-batch (`CriticRows`), micro-batch token-means averaged (as verl's accumulation);
     metrics `train/vf_loss`, `train/vf_clipfrac`, ... are renamed `critic/...` by the caller."""
-    return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro, CRITIC_BATCH,
-                            mesh, shardings, opt_shardings)
+    return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro,
+                            CriticRows.spec(), mesh, shardings, opt_shardings)
 
 
 # --------------------------------------------------------------------------- the run's critic
@@ -207,8 +206,8 @@ class Critic:
         opt_state, opt_shardings = init_opt_state(critic_optimizer(cfg), params, mesh)
         return cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro), CriticState(params, opt_state)
 
-    def update(self, state: CriticState, mb) -> tuple[CriticState, dict]:
-        """One critic optimizer step on mini-batch `mb` (CRITIC_BATCH) -> (state, metrics
+    def update(self, state: CriticState, mb: CriticRows) -> tuple[CriticState, dict]:
+        """One critic optimizer step on mini-batch `mb` -> (state, metrics
         `critic/...`)."""
         params, opt_state, m = self.step_fn(state.params, state.opt_state, mb)
         return CriticState(params, opt_state), {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from hgpo_jax.rl.batching import PolicyRows
 from hgpo_jax.rl.loss import ppo_kl_loss
 from hgpo_jax.rl.update import (BudgetStep, batch_shards, budget_window_chunk, make_budget_update,
                                 make_update_step, token_logprobs)
@@ -34,21 +35,17 @@ class LossConfig:
     entropy_coef: float = 0.001
 
 
-PPO_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2, "advantages": 1,
-             "old_logp": 2, "ref_logp": 2}  # the train step's mini-batch: key -> ndim
-
-
 def ppo_micro_loss(loss_cfg: LossConfig, window: int | None = None):
     """micro_loss(model, micro) -> (loss, metrics) of the PPO-KL objective with entropy bonus
-    (`window`: see `token_logprobs`)."""
-    def micro_loss(model, micro):
+    (`window`: see `token_logprobs`). micro: `PolicyRows`."""
+    def micro_loss(model, micro: PolicyRows):
         # the entropy is always computed (for the train/entropy metric); with entropy_coef=0 it
         # is not differentiated
-        logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
-                                       with_entropy=True, response_mask=micro["response_mask"],
+        logp, entropy = token_logprobs(model, micro.input_ids, micro.attention_mask,
+                                       with_entropy=True, response_mask=micro.response_mask,
                                        window=window)
-        return ppo_kl_loss(logp, micro["old_logp"], micro["ref_logp"], micro["advantages"],
-                           micro["response_mask"], clip_low=loss_cfg.clip_low,
+        return ppo_kl_loss(logp, micro.old_logp, micro.ref_logp, micro.advantages,
+                           micro.response_mask, clip_low=loss_cfg.clip_low,
                            clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
                            kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type, agg=loss_cfg.agg,
                            entropy=entropy, entropy_coef=loss_cfg.entropy_coef)
@@ -60,30 +57,23 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg: LossCo
                     window: int | None = None, token_advantages: bool = False):
     """jit(params, opt_state, mb) -> (params, opt_state, metrics): one PPO optimizer update.
 
-    mb: dict of [M, ...] arrays (M = num_micro * micro rows): input_ids, attention_mask,
-    response_mask, advantages [M] (or [M, L] with token_advantages), old_logp, ref_logp. The loss
+    mb: `PolicyRows` of M = num_micro * micro rows, advantages [M] (or [M, L] with
+    token_advantages), no row weights. The loss
     includes the entropy bonus (`loss_cfg.entropy_coef`), and `train/entropy` is always logged.
     See `make_update_step`.
     """
     return make_update_step(graphdef, tx, ppo_micro_loss(loss_cfg, window), num_micro,
-                            ppo_batch_ndims(token_advantages), mesh, shardings, opt_shardings)
-
-
-def ppo_batch_ndims(token_advantages: bool = False) -> dict[str, int]:
-    """The train step's mini-batch keys -> ndims; advantages [M] per row, or [M, L] per token
-    (PPO with a critic)."""
-    return {**PPO_BATCH, "advantages": 2} if token_advantages else dict(PPO_BATCH)
+                            PolicyRows.spec(token_advantages=token_advantages), mesh, shardings,
+                            opt_shardings)
 
 
 # --------------------------------------------------------------------------- token-budget update
-BUDGET_WEIGHTS = {"token_weight": 1, "agg_weight": 1}  # per-row loss weights of a token-budget micro-batch
-
 
 def ppo_budget_micro_loss(loss_cfg: LossConfig, budget: int, window: int | None = None,
                           shards: int = 1):
     """micro_loss(model, micro) -> (loss, metrics) for token-budget micro-batches: the PPO-KL
     loss (with entropy bonus) and its metrics as sums of per-token terms weighted by the rows'
-    `agg_weight` / `token_weight` [R] (`rl.batching.fixed_micro_weights`), so that their sum
+    `agg_weight` / `token_weight` [R] (micro: `PolicyRows` with its row weights) (`rl.batching.fixed_micro_weights`), so that their sum
     over a mini-batch's micro-batches, in any grouping, is `ppo_micro_loss`'s mean over the fixed
     micro-batches. Window and chunk per shape: `budget_window_chunk`.
 
@@ -91,25 +81,25 @@ def ppo_budget_micro_loss(loss_cfg: LossConfig, budget: int, window: int | None 
     sum(w x) / sum(w) for every aggregated term; times sum(w) that is the weighted sum. With
     seq-mean, the token-mean metrics (pg_clipfrac, ppo_kl) come from a second pass with the token
     weights."""
-    def micro_loss(model, micro):
-        w, chunk = budget_window_chunk(*micro["input_ids"].shape, window, budget, shards)
-        logp, entropy = token_logprobs(model, micro["input_ids"], micro["attention_mask"], chunk,
-                                       with_entropy=True, response_mask=micro["response_mask"],
+    def micro_loss(model, micro: PolicyRows):
+        w, chunk = budget_window_chunk(*micro.input_ids.shape, window, budget, shards)
+        logp, entropy = token_logprobs(model, micro.input_ids, micro.attention_mask, chunk,
+                                       with_entropy=True, response_mask=micro.response_mask,
                                        window=w)
 
         def weighted(row_weight):
-            weights = micro["response_mask"] * row_weight[:, None]
+            weights = micro.response_mask * row_weight[:, None]
             loss, metrics = ppo_kl_loss(
-                logp, micro["old_logp"], micro["ref_logp"], micro["advantages"], weights,
+                logp, micro.old_logp, micro.ref_logp, micro.advantages, weights,
                 clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
                 dual_clip=loss_cfg.dual_clip, kl_coef=loss_cfg.kl_coef, kl_type=loss_cfg.kl_type,
                 agg="token-mean", entropy=entropy, entropy_coef=loss_cfg.entropy_coef)
             total = jnp.sum(weights)
             return loss * total, {k: v * total for k, v in metrics.items()}
 
-        loss, metrics = weighted(micro["agg_weight"])
+        loss, metrics = weighted(micro.agg_weight)
         if loss_cfg.agg != "token-mean":
-            _, by_token = weighted(micro["token_weight"])
+            _, by_token = weighted(micro.token_weight)
             metrics.update(pg_clipfrac=by_token["pg_clipfrac"], ppo_kl=by_token["ppo_kl"])
         return loss, metrics
     return micro_loss
@@ -120,9 +110,9 @@ def make_budget_train_step(graphdef, tx: optax.GradientTransformation, loss_cfg:
                            opt_shardings=None, window: int | None = None,
                            token_advantages: bool = False) -> BudgetStep:
     """The PPO update of `make_train_step` over token-budget micro-batches (`budget` tokens per
-    device): micro-batches hold `ppo_batch_ndims(token_advantages)` plus BUDGET_WEIGHTS. Run it
+    device): micro-batches are `PolicyRows` with their row weights. Run it
     with `budget_update`; it gives the fixed micro-batches' loss, gradients and metrics."""
     return make_budget_update(graphdef, tx,
                               ppo_budget_micro_loss(loss_cfg, budget, window, batch_shards(mesh)),
-                              {**ppo_batch_ndims(token_advantages), **BUDGET_WEIGHTS},
+                              PolicyRows.spec(token_advantages=token_advantages, weighted=True),
                               mesh, shardings, opt_shardings)

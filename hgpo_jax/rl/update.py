@@ -8,10 +8,13 @@ here is a plain `jax.jit` with explicit shardings (the pjit style):
 
     logprob_fn = make_logprob_fn(graphdef, mesh, param_shardings)
     logp = logprob_fn(params, input_ids, attention_mask, response_mask)  # [S, L]
-    step_fn = make_update_step(graphdef, tx, micro_loss, num_micro, batch_ndims, mesh, ...)
+    step_fn = make_update_step(graphdef, tx, micro_loss, num_micro, PolicyRows.spec(), mesh, ...)
     params, opt_state, metrics = step_fn(params, opt_state, minibatch)   # one optimizer update
-    step = make_budget_update(graphdef, tx, micro_loss, batch_ndims, mesh, ...)
+    step = make_budget_update(graphdef, tx, micro_loss, PolicyRows.spec(weighted=True), mesh, ...)
     params, opt_state, metrics = budget_update(step, params, opt_state, micros)
+
+Batches are the typed rows of `rl.batching` (`TokenRows`, `PolicyRows`, `CriticRows`): a step is
+made for the batch's `spec`, which gives its shardings (`batch_shardings`).
 
 Memory: log-probs (and, for the train step, the per-token entropies) are computed from the final
 hidden states in sequence chunks (`LOGPROB_CHUNK` tokens at a time, rematerialized in the backward
@@ -30,6 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from hgpo_jax import distributed as dist
 from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
 from hgpo_jax.rl.loss import entropy_from_logits
 
@@ -43,6 +47,20 @@ def batch_sharding(mesh: Mesh | None, ndim: int):
     if mesh is None:
         return None
     return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def batch_shardings(mesh: Mesh | None, spec):
+    """The shardings of a typed batch (`rl.batching.TokenRows.spec`, or any pytree of arrays):
+    each array's rows over the (data, fsdp) axes. Without a mesh, None."""
+    if mesh is None:
+        return None
+    return jax.tree.map(lambda x: batch_sharding(mesh, x.ndim), spec)
+
+
+def on_mesh(batch, mesh: Mesh | None):
+    """A typed batch of this process's host rows -> the global batch the jitted steps take, every
+    process feeding its rows (`distributed.global_tree`; one process: the batch as it is)."""
+    return dist.global_tree(batch, batch_shardings(mesh, batch))
 
 
 def _dotted(path) -> str:
@@ -262,12 +280,12 @@ def apply_gradients(tx: optax.GradientTransformation, params, opt_state, grads, 
 
 
 def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num_micro: int,
-                     batch_ndims: dict[str, int], mesh: Mesh | None = None, shardings=None,
-                     opt_shardings=None):
+                     batch_spec, mesh: Mesh | None = None, shardings=None, opt_shardings=None):
     """jit(params, opt_state, mb) -> (params, opt_state, metrics): one optimizer update of any
     loss `micro_loss(model, micro) -> (loss, metrics)` (the PPO-KL loss, the supervised NLL).
 
-    mb: dict of [M, ...] arrays, keys and ndims as `batch_ndims`; M = num_micro * micro rows.
+    mb: a typed batch of [M, ...] arrays (`rl.batching.TokenRows` or a subclass) with the fields
+    and ranks of `batch_spec` (`<class>.spec(...)`); M = num_micro * micro rows.
     Gradients are accumulated over `num_micro` micro-batches with `lax.scan` and averaged. A
     non-finite loss or gradient skips the update (params and optimizer state are returned
     unchanged) and reports `train/skipped_nonfinite` = 1. Metrics: `train/<metric>` (averaged
@@ -305,8 +323,7 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
 
     if mesh is None:
         return jax.jit(step, donate_argnums=(0, 1))
-    mb_sharding = {k: batch_sharding(mesh, ndim) for k, ndim in batch_ndims.items()}
-    return jax.jit(step, in_shardings=(shardings, opt_shardings, mb_sharding),
+    return jax.jit(step, in_shardings=(shardings, opt_shardings, batch_shardings(mesh, batch_spec)),
                    out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
 
 
@@ -325,11 +342,12 @@ class BudgetStep(NamedTuple):
 
 
 def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
-                       batch_ndims: dict[str, int], mesh: Mesh | None = None, shardings=None,
+                       batch_spec, mesh: Mesh | None = None, shardings=None,
                        opt_shardings=None) -> BudgetStep:
     """The parts of an optimizer update over micro-batches of any shapes, for a `micro_loss`
     whose sum over the micro-batches is the mini-batch's loss (`ppo_budget_micro_loss`).
-    batch_ndims: the micro-batch's keys -> ndims. Without a mesh, plain jits."""
+    batch_spec: the micro-batches' fields and ranks (`<class>.spec(...)`; any rows and length).
+    Without a mesh, plain jits."""
     def loss_of_params(params, micro):
         return micro_loss(nnx.merge(graphdef, params), micro)
 
@@ -353,7 +371,7 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
         jit_apply = jax.jit(apply, donate_argnums=(0, 1))
     else:
         rep = NamedSharding(mesh, P())
-        mb = {k: batch_sharding(mesh, n) for k, n in batch_ndims.items()}
+        mb = batch_shardings(mesh, batch_spec)
         acc_sh = (shardings, rep, rep)
         jit_zeros = jax.jit(zeros, in_shardings=(shardings,), out_shardings=acc_sh)
         jit_acc = jax.jit(accumulate, in_shardings=(shardings, acc_sh, mb), out_shardings=acc_sh,
@@ -363,10 +381,9 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
 
     def init(params):
         if not metric_keys:
-            micro = {k: jax.ShapeDtypeStruct((batch_shards(mesh),) + (8,) * (n - 1),
-                                             jnp.int32 if k in ("input_ids", "attention_mask")
-                                             else jnp.float32)
-                     for k, n in batch_ndims.items()}
+            rows = batch_shards(mesh)  # a micro-batch of one row per device, 8 tokens
+            micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + (8,) * (x.ndim - 1), x.dtype),
+                                 batch_spec)
             _, metric_shape = jax.eval_shape(loss_of_params, params, micro)
             metric_keys.extend(sorted(metric_shape))
         return jit_zeros(params)

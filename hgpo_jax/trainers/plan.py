@@ -29,7 +29,8 @@ from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.ppo import make_train_step
-from hgpo_jax.rl.update import batch_sharding, opt_state_shardings, param_shardings
+from hgpo_jax.rl.batching import CriticRows, PolicyRows
+from hgpo_jax.rl.update import batch_shardings, opt_state_shardings, param_shardings
 from hgpo_jax.trainers.rl import build_loss_config
 from hgpo_jax.runs import build_optimizer
 
@@ -122,18 +123,12 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     L = r.max_prompt_tokens + r.max_new_tokens
     M, W = t.mini_batch_size, r.max_new_tokens
     ppo = cfg.algo.estimator == "ppo"
-    shapes = {"input_ids": (jnp.int32, (M, L)), "attention_mask": (jnp.int32, (M, L)),
-              "response_mask": (jnp.float32, (M, L)), "advantages": (jnp.float32, (M, L) if ppo else (M,)),
-              "old_logp": (jnp.float32, (M, L)), "ref_logp": (jnp.float32, (M, L)),
-              "values": (jnp.float32, (M, W)), "returns": (jnp.float32, (M, W))}
-    def minibatch(keys):
-        return {k: jax.ShapeDtypeStruct(shapes[k][1], shapes[k][0],
-                                        sharding=batch_sharding(mesh, len(shapes[k][1]))) for k in keys}
+    minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=ppo), mesh)
 
     step = make_train_step(graphdef, tx, build_loss_config(cfg), M // t.micro_batch_size, mesh,
                            shardings, opt_shardings, window=W, token_advantages=ppo)
     t0 = time.perf_counter()
-    compiled = step.lower(abs_params, abs_opt, minibatch(list(shapes)[:6])).compile(
+    compiled = step.lower(abs_params, abs_opt, minibatch).compile(
         compiler_options=plan_compiler_options(mesh))
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
@@ -156,8 +151,8 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
     if ppo:  # the critic lives beside the policy all run; its step runs before the actor's
-        out.update(plan_critic(cfg, model_cfg, mesh, attention, minibatch(
-            ["input_ids", "attention_mask", "response_mask", "values", "returns"])))
+        out.update(plan_critic(cfg, model_cfg, mesh, attention,
+                               _sharded(CriticRows.spec(M, L, window=W), mesh)))
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
         out["peak_bytes"] = max(out["peak_bytes"] + out["critic_params_bytes"] + out["critic_opt_bytes"],
                                 out["critic_step_bytes"] + resident_policy)
@@ -168,7 +163,13 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     return out
 
 
-def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: dict) -> dict:
+def _sharded(spec, mesh):
+    """A batch spec (`rl.batching.TokenRows.spec`) with its arrays' shardings on `mesh`."""
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        spec, batch_shardings(mesh, spec))
+
+
+def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRows) -> dict:
     """Per-device bytes of a PPO run's critic (`rl.critic`): its weights, its AdamW state and the
     peak of its update step (arguments + temporaries)."""
     from hgpo_jax.models.qwen2 import Qwen2Critic

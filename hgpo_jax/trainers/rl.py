@@ -36,14 +36,13 @@ from hgpo_jax import distributed as dist
 from hgpo_jax.config import CRITIC_ESTIMATOR
 from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
-from hgpo_jax.rl.batching import (MicroBatch, fixed_micro_weights, gather_rows, length_ladder,
-                                   minibatch_indices, pack_rows, packed_shape, take_micro,
-                                   token_budget_micro_batches)
+from hgpo_jax.rl.batching import (CriticRows, MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
+                                   gather_rows, length_ladder, minibatch_indices, pack_rows,
+                                   packed_shape, take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.critic import CRITIC_BATCH, Critic, CriticState
-from hgpo_jax.rl.ppo import (BUDGET_WEIGHTS, LossConfig, make_budget_train_step, make_train_step,
-                             ppo_batch_ndims)
-from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn
+from hgpo_jax.rl.critic import Critic, CriticState
+from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
+from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn, on_mesh
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -155,41 +154,40 @@ def budget_plan(lengths: np.ndarray, budget: int, ladder, shards: int) -> list[M
 
 
 def budget_rows_pass(fn, params, arrays: dict[str, np.ndarray], budget: int, ladder, shards: int,
-                     sharding, mesh, width: int | None = None) -> np.ndarray:
+                     mesh, width: int | None = None) -> np.ndarray:
     """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
     [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
     their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
-    whose output columns are not token positions (the critic's values). sharding: the rows'."""
-    keys = ("input_ids", "attention_mask", "response_mask")
+    whose output columns are not token positions (the critic's values)."""
     me = jax.process_index()
-    S, L = arrays["input_ids"].shape
+    tokens = TokenRows.of(arrays)
+    S, L = tokens.input_ids.shape
     out = np.zeros((S, width or L), np.float32)
-    for micro in budget_plan(arrays["attention_mask"].sum(1), budget, ladder, shards):
+    for micro in budget_plan(tokens.attention_mask.sum(1), budget, ladder, shards):
         rows = micro.rows[me]
-        part = take_micro({k: arrays[k] for k in keys}, rows, micro.length)
-        res = dist.local_rows(fn(params, *(dist.global_rows(part[k], sharding) for k in keys)), mesh)
+        part = on_mesh(take_micro(tokens, rows, micro.length), mesh)
+        res = dist.local_rows(fn(params, part.input_ids, part.attention_mask, part.response_mask), mesh)
         keep = rows >= 0
         out[rows[keep], :res.shape[1]] = res[keep]
     return out
 
 
-def budget_minibatch(local: dict[str, np.ndarray], num_micro: int, agg: str, budget: int, ladder,
-                     shards: int, shardings: dict):
+def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, ladder,
+                     shards: int, mesh):
     """The token-budget micro-batches of one mini-batch, device-ready, one at a time (for
     `rl.update.budget_update`). local: this process's rows of the mini-batch (`gather_rows`), each
     process the same count; every micro-batch gets the loss weights of the fixed micro-batches
     (`rl.batching.fixed_micro_weights`: the same loss and gradient as the fixed step). Rows
-    without response tokens are left out. shardings: key -> the rows' sharding. One allgather
-    each for the token counts and the lengths."""
+    without response tokens are left out. One allgather each for the token counts and the
+    lengths."""
     me = jax.process_index()
-    tokens = local["response_mask"].sum(1).astype(np.int64)
+    tokens = local.response_mask.sum(1).astype(np.int64)
     every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
     token_w, agg_w = fixed_micro_weights(every, num_micro, agg)
-    local = dict(local, token_weight=token_w[me], agg_weight=agg_w[me])
-    lengths = np.where(tokens > 0, local["attention_mask"].sum(1), 0)
-    sh = {k: shardings[k] for k in local}
+    local = local.replace(token_weight=token_w[me], agg_weight=agg_w[me])
+    lengths = np.where(tokens > 0, local.attention_mask.sum(1), 0)
     plan = budget_plan(lengths, budget, ladder, shards)
-    return (dist.global_tree(take_micro(local, m.rows[me], m.length), sh) for m in plan)
+    return (on_mesh(take_micro(local, m.rows[me], m.length), mesh) for m in plan)
 
 
 # --------------------------------------------------------------------------- the run's state
@@ -282,9 +280,8 @@ class CriticAdvantages:
     invalid-action penalty of its own step), the critic's values before this iteration's update,
     GAE and the batch whitening: token advantages [S, L], values and returns [S, W]."""
 
-    def __init__(self, critic: Critic, invalid_penalty: float, window: int, mesh, shardings: dict):
-        self.critic, self.invalid_penalty, self.window = critic, invalid_penalty, window
-        self.mesh, self.shardings = mesh, shardings
+    def __init__(self, critic: Critic, invalid_penalty: float, window: int, mesh):
+        self.critic, self.invalid_penalty, self.window, self.mesh = critic, invalid_penalty, window, mesh
 
     def __call__(self, rows: StepRows, state: TrainState, rows_pass) -> AdvantageResult:
         b, arrays, n = rows.batch, rows.arrays, rows.num_rows
@@ -295,10 +292,10 @@ class CriticAdvantages:
         rewards[:n] = [episode[traj] - self.invalid_penalty * (not ok)
                        for traj, ok in zip(b.traj_id, b.valid)]
         values = rows_pass(self.critic.value_fn, state.critic.params, width=self.window)
+        rows_1d, rows_2d = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 2)
         adv, returns, metrics = self.critic.gae_fn(
-            dist.global_rows(rewards, batch_sharding(self.mesh, 1)),
-            dist.global_rows(values, self.shardings["values"]),
-            dist.global_rows(arrays["response_mask"], self.shardings["response_mask"]))
+            dist.global_rows(rewards, rows_1d), dist.global_rows(values, rows_2d),
+            dist.global_rows(arrays["response_mask"], rows_2d))
         arrays.update(advantages=dist.local_rows(adv, self.mesh), values=values,
                       returns=dist.local_rows(returns, self.mesh))
         mask = arrays["response_mask"][:n]
@@ -329,16 +326,13 @@ class Trainer(Run):
             self.procs = jax.process_count()
             ppo = a.estimator == CRITIC_ESTIMATOR  # token-level advantages from a critic (GAE)
             num_micro = t.mini_batch_size // t.micro_batch_size
-            self.mb_shardings = {k: batch_sharding(self.mesh, n) for k, n in
-                                 {**ppo_batch_ndims(ppo), **CRITIC_BATCH, **BUDGET_WEIGHTS}.items()}
             critic, critic_state = (Critic.build(cfg, self.model(), self.mesh, num_micro, t.seed)
                                     if ppo else (None, None))
             self.critic = critic  # its functions (its arrays are state.critic)
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
                                     ref_params=jax.tree.map(jnp.copy, self.state.params),
                                     key=jax.random.PRNGKey(t.seed), critic=critic_state)
-            self.advantages = (CriticAdvantages(critic, a.invalid_penalty, r.max_new_tokens, self.mesh,
-                                                self.mb_shardings)
+            self.advantages = (CriticAdvantages(critic, a.invalid_penalty, r.max_new_tokens, self.mesh)
                                if ppo else GroupAdvantages(a, t.diagnostics))
             loss_cfg = build_loss_config(cfg)
             self.train_step = make_train_step(self.graphdef, self.tx, loss_cfg, num_micro,
@@ -475,27 +469,25 @@ class Trainer(Run):
             count = dist.max_over_processes(len(batches))[0]
             order += batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
 
-        def minibatch(idx, keys):
-            mb = gather_rows({k: arrays[k] for k in keys}, idx)
-            return dist.global_tree(mb, {k: self.mb_shardings[k] for k in keys})
+        policy_rows = PolicyRows.of(arrays)
 
         metrics = {}
         if self.critic is not None:
-            records = []
+            records, critic_rows = [], CriticRows.of(arrays)
             for idx in order:
-                critic, m = self.critic.update(self.state.critic, minibatch(idx, CRITIC_BATCH))
+                critic, m = self.critic.update(self.state.critic,
+                                               on_mesh(gather_rows(critic_rows, idx), self.mesh))
                 self.state = self.state.replace(critic=critic)
                 records.append(jax.device_get(m))
             metrics.update(_mean_metrics(records))
         records = []
         if self.critic is None or self.cfg.critic.warmup_iterations <= self.iteration + 1:
-            actor_keys = tuple(ppo_batch_ndims())
             for idx in order:
                 if self.budget:
-                    params, opt_state, m = self._budget_update(arrays, idx, actor_keys)
+                    params, opt_state, m = self._budget_update(policy_rows, idx)
                 else:
                     params, opt_state, m = self.train_step(self.state.params, self.state.opt_state,
-                                                           minibatch(idx, actor_keys))
+                                                           on_mesh(gather_rows(policy_rows, idx), self.mesh))
                 self.state = self.state.replace(params=params, opt_state=opt_state)
                 records.append(jax.device_get(m))
         metrics.update(_mean_metrics(records))
@@ -534,35 +526,36 @@ class Trainer(Run):
         if self.budget:
             return self._per_budget_micro_batch(fn, params, arrays, width)
         mb = self.cfg.train.micro_batch_size // self.procs
-        sh = self.mb_shardings["input_ids"]
-        out = [dist.local_rows(fn(params, *(
-            dist.global_rows(arrays[k][i:i + mb], sh)
-            for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
-            for i in range(0, arrays["input_ids"].shape[0], mb)]
+        tokens = TokenRows.of(arrays)
+        out = []
+        for i in range(0, tokens.rows, mb):
+            part = on_mesh(jax.tree.map(lambda x: x[i:i + mb], tokens), self.mesh)
+            out.append(dist.local_rows(fn(params, part.input_ids, part.attention_mask,
+                                          part.response_mask), self.mesh))
         return np.concatenate(out, axis=0)
 
     # ------------------------------------------------------------------ token-budget micro-batches
-    def _ladder(self, arrays) -> tuple[int, ...]:
+    def _ladder(self, packed_length: int) -> tuple[int, ...]:
         """The padded lengths of token-budget micro-batches (`rl.batching.length_ladder`): up to
         the longest possible row (and the packed length, should a row be longer)."""
         r = self.cfg.rollout
-        return length_ladder(max(r.max_prompt_tokens + r.max_new_tokens,
-                                 arrays["input_ids"].shape[1]), self.cfg.train.pad_multiple)
+        return length_ladder(max(r.max_prompt_tokens + r.max_new_tokens, packed_length),
+                             self.cfg.train.pad_multiple)
 
     def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
-        return budget_rows_pass(fn, params, arrays, self.budget, self._ladder(arrays),
-                                self.dp // self.procs, self.mb_shardings["input_ids"], self.mesh,
-                                width)
+        return budget_rows_pass(fn, params, arrays, self.budget,
+                                self._ladder(arrays["input_ids"].shape[1]), self.dp // self.procs,
+                                self.mesh, width)
 
-    def _budget_update(self, arrays, idx: np.ndarray, keys):
+    def _budget_update(self, rows: PolicyRows, idx: np.ndarray):
         """One actor update on mini-batch rows `idx` (this process's; -1 inert) in token-budget
         micro-batches: the same loss and gradient as `self.train_step`.
         -> (params, opt_state, metrics)."""
         t = self.cfg.train
-        micros = budget_minibatch(gather_rows({k: arrays[k] for k in keys}, idx),
-                                  t.mini_batch_size // t.micro_batch_size, self.cfg.algo.loss_agg,
-                                  self.budget, self._ladder(arrays), self.dp // self.procs,
-                                  self.mb_shardings)
+        micros = budget_minibatch(gather_rows(rows, idx), t.mini_batch_size // t.micro_batch_size,
+                                  self.cfg.algo.loss_agg, self.budget,
+                                  self._ladder(rows.input_ids.shape[1]),
+                                  self.dp // self.procs, self.mesh)
         return budget_update(self.budget_step, self.state.params, self.state.opt_state, micros)
 
     # ------------------------------------------------------------------ the loop

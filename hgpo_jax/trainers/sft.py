@@ -22,21 +22,20 @@ from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
 from hgpo_jax.config import sft_micro_batch_size
-from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.batching import TokenRows, pack_rows
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.update import batch_sharding, make_logprob_fn, make_update_step, token_logprobs
+from hgpo_jax.rl.update import make_logprob_fn, make_update_step, on_mesh, token_logprobs
 from hgpo_jax.runs import Run
 from hgpo_jax.sft import data as sft_data
 
-SFT_BATCH = {"input_ids": 2, "attention_mask": 2, "response_mask": 2}  # key -> ndim
 
 
-def nll_micro_loss(model, micro, window: int | None = None):
+def nll_micro_loss(model, micro: TokenRows, window: int | None = None):
     """Mean negative log-likelihood of the response tokens (token-mean over the micro-batch);
     `window`: see `hgpo_jax.rl.update.token_logprobs`."""
-    logp = token_logprobs(model, micro["input_ids"], micro["attention_mask"],
-                          response_mask=micro["response_mask"], window=window)
-    nll = -masked_mean(logp, micro["response_mask"])
+    logp = token_logprobs(model, micro.input_ids, micro.attention_mask,
+                          response_mask=micro.response_mask, window=window)
+    nll = -masked_mean(logp, micro.response_mask)
     return nll, {"nll": jax.lax.stop_gradient(nll)}
 
 
@@ -125,14 +124,13 @@ class SftTrainer(Run):
                 raise ValueError(f"SFT micro-batches of {self.micro} rows (the largest divisor of "
                                  f"sft.batch_size={s.batch_size} <= train.micro_batch_size) cannot be "
                                  f"split over {self.procs} processes; make both multiples of {self.procs}")
-            self.batch_shardings = {k: batch_sharding(self.mesh, n) for k, n in SFT_BATCH.items()}
             self.train_samples, self.heldout_samples, self.data_info = build_samples(cfg, self.tokenizer, self.progress)
             if s.group_by_length:  # the held-out NLL is a sum over turns: in length order it pads less
                 self.heldout_samples.sort(key=lambda x: len(x.prompt_ids) + len(x.response_ids))
             window = cfg.rollout.max_new_tokens  # responses are cut to it (build_samples)
             self.step_fn = make_update_step(self.graphdef, self.tx,
                                             functools.partial(nll_micro_loss, window=window),
-                                            s.batch_size // self.micro, SFT_BATCH, self.mesh,
+                                            s.batch_size // self.micro, TokenRows.spec(), self.mesh,
                                             self.shardings, self.opt_shardings)
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings, window=window)
             self.np_rng = np.random.default_rng(t.seed + 1)
@@ -178,20 +176,20 @@ class SftTrainer(Run):
             self.cursor += 1
         return out
 
-    def _pack(self, samples, row_multiple: int) -> dict:
+    def _pack(self, samples, row_multiple: int) -> TokenRows:
         packed = pack_rows([x.prompt_ids for x in samples], [x.response_ids for x in samples],
                            np.zeros(len(samples), np.float32), pad_id=self.tokenizer.pad_token_id,
                            row_multiple=row_multiple, length_multiple=self.cfg.train.pad_multiple,
                            max_response=self.cfg.rollout.max_new_tokens)
-        return {k: packed.arrays()[k] for k in SFT_BATCH}
+        return TokenRows.of(packed.arrays())
 
-    def _own(self, batch: dict) -> dict:
+    def _own(self, batch: TokenRows) -> TokenRows:
         """This process's rows of a batch every process built whole (all of it with one process):
         process p feeds rows [p S/P, (p+1) S/P) of each [S, ...] array."""
         if self.procs == 1:
             return batch
-        p, n = jax.process_index(), next(iter(batch.values())).shape[0] // self.procs
-        return {k: v[p * n:(p + 1) * n] for k, v in batch.items()}
+        p, n = jax.process_index(), batch.rows // self.procs
+        return jax.tree.map(lambda x: x[p * n:(p + 1) * n], batch)
 
     def heldout_nll(self) -> float:
         """Mean NLL per response token of the held-out turns (NaN when there are none)."""
@@ -201,12 +199,11 @@ class SftTrainer(Run):
         total, count = 0.0, 0.0
         for i in range(0, len(self.heldout_samples), mb):
             batch = self._own(self._pack(self.heldout_samples[i:i + mb], mb))
-            sh = self.batch_shardings["input_ids"]
-            logp = dist.local_rows(self.logprob_fn(self.state.params, *(
-                dist.global_rows(batch[k], sh)
-                for k in ("input_ids", "attention_mask", "response_mask"))), self.mesh)
-            total += float(-(logp * batch["response_mask"]).sum())
-            count += float(batch["response_mask"].sum())
+            part = on_mesh(batch, self.mesh)
+            logp = dist.local_rows(self.logprob_fn(self.state.params, part.input_ids,
+                                                   part.attention_mask, part.response_mask), self.mesh)
+            total += float(-(logp * batch.response_mask).sum())
+            count += float(batch.response_mask.sum())
         if self.procs > 1:
             total, count = map(sum, zip(*dist.allgather_json([total, count])))
         return total / max(count, 1.0)
@@ -225,12 +222,12 @@ class SftTrainer(Run):
                                    self.micro)
                 params, opt_state, m = self.step_fn(
                     self.state.params, self.state.opt_state,
-                    dist.global_tree(self._own(batch), self.batch_shardings))
+                    on_mesh(self._own(batch), self.mesh))
                 self.state = self.state.replace(params=params, opt_state=opt_state)
                 metrics = {k: float(v) for k, v in jax.device_get(m).items()}
                 self.step += 1
                 self.agree_stop()  # SIGTERM on any process stops (and saves) all of them
-                tokens = float(batch["attention_mask"].sum())
+                tokens = float(batch.attention_mask.sum())
                 metrics.update({"time/step": time.perf_counter() - t0,
                                 "perf/tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
                                 "sft/epoch": self.step * s.batch_size / len(self.train_samples)})
