@@ -40,29 +40,34 @@ EXPERTS = "experts.json"
 
 
 # ----------------------------------------------------------------------------------- experts
-def shopper_scores(tasks, seed: int = 0, max_steps: int = 15) -> dict[str, float]:
-    """The instruction shopper's mean task score and success on `tasks` (goal indices)."""
+def shopper_scores(tasks, seed: int = 0, max_steps: int = 15, pick: str = "words") -> dict[str, float]:
+    """The instruction shopper's mean task score and success on `tasks` (goal indices); pick:
+    how it chooses among the results (`InstructionShopper`)."""
     from hgpo_jax.envs.episodes import play_episode
     from hgpo_jax.envs.webshop import SCORE_KEY, WebShopEnv
     from hgpo_jax.envs.webshop.expert import InstructionShopper
 
     env = WebShopEnv(seed=seed, max_steps=max_steps)
-    episodes = [play_episode(env, task, InstructionShopper(), max_steps, score_key=SCORE_KEY)
+    episodes = [play_episode(env, task, InstructionShopper(pick), max_steps, score_key=SCORE_KEY)
                 for task in tasks]
     return {"score": sum(ep.score for ep in episodes) / len(episodes),
             "success": sum(ep.won for ep in episodes) / len(episodes), "episodes": len(episodes)}
 
 
 def stage_experts(args, state: dict) -> dict:
-    """The shopper's score on every test goal and on the SFT's train goals -> OUT/experts.json."""
+    """The shopper's score on every test goal and on the SFT's train goals -> OUT/experts.json;
+    under "first", the same for the shopper that opens the first affordable result (the expert
+    of the warm start's third round)."""
     from hgpo_jax.config import EnvConfig
     from hgpo_jax.envs.webshop import ENV_SPECS
     from hgpo_jax.envs.episodes import spread
 
     spec = ENV_SPECS["webshop"]
     cfg = EnvConfig(name="webshop")
-    result = {"test": shopper_scores(spec.list_tasks(cfg, "test")),
-              "train": shopper_scores(spread(spec.list_tasks(cfg, "train"), args.episodes))}
+    test, train = spec.list_tasks(cfg, "test"), spread(spec.list_tasks(cfg, "train"), args.episodes)
+    result = {"test": shopper_scores(test), "train": shopper_scores(train),
+              "first": {"test": shopper_scores(test, pick="first"),
+                        "train": shopper_scores(train, pick="first")}}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, EXPERTS), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
@@ -97,7 +102,10 @@ def stage_report(args, state: dict) -> dict:
     experts_path = os.path.join(args.out, EXPERTS)
     if os.path.isfile(experts_path):
         with open(experts_path, encoding="utf-8") as f:
-            rows["instruction shopper (the SFT's expert)"] = [json.load(f)["test"]]
+            experts = json.load(f)
+        rows["instruction shopper (the SFT's expert)"] = [experts["test"]]
+        if "first" in experts:
+            rows["first-result shopper (the third SFT round's expert)"] = [experts["first"]["test"]]
     first = laptop.kept_log(args.out, "eval_warm_sft600")  # the first warm start (before sft_more)
     if os.path.isfile(os.path.join(first, "metrics.jsonl")):
         rows["warm start after 600 SFT steps (first round)"] = [last_eval(first)]
@@ -123,7 +131,11 @@ STUDY = laptop.Study(
     experts_done=lambda args: os.path.isfile(os.path.join(args.out, EXPERTS)),
     sft_overrides=lambda args: [f"sft.episodes={args.episodes}"],
     more_sft=(("sft_more", ["sft.steps=600", "train.seed=1", "optim.lr=7e-4",
-                            "optim.warmup_steps=10"]),),  # 600 more steps: the held-out NLL still fell
+                            "optim.warmup_steps=10"]),  # 600 more steps: the held-out NLL still fell
+              # the first-result shopper's episodes (it scores 0.75, the "words" pick 0.50, and
+              # clicks the first affordable id listed) on twice the goals
+              ("sft_first", ["sft.data=first", "sft.episodes=4000", "sft.steps=600", "train.seed=2",
+                             "optim.lr=7e-4", "optim.warmup_steps=10"])),
     keep_policies=True, add_arguments=add_arguments)
 
 

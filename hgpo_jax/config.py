@@ -194,7 +194,8 @@ class SftConfig:
     """Supervised warm start (`hgpo-jax sft`, docs/sft.md); uses optim, train, model, env, mesh."""
 
     # recorded episodes: expert | random (the reply format only) | search (ALFWorld: the hand-coded
-    # expert that searches), or several joined by "+", each with its own count as kind:N
+    # expert that searches; WebShop: the instruction shopper) | first (WebShop: the instruction
+    # shopper opening the first affordable result), or several joined by "+", each with its own count as kind:N
     # (e.g. expert+search:800); or a JSONL file of prompt/response turns
     data: str = "expert"
     episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)

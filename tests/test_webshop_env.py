@@ -274,8 +274,37 @@ def test_record_search_episodes_for_sft():
     for ep in episodes:
         assert ep.steps[0].action == f"search[{instruction_query(ep.task)}]"
         assert ep.steps[-1].action == "click[buy now]"
-    with pytest.raises(ValueError, match="use expert .* or search"):
+    with pytest.raises(ValueError, match="use expert .*, search .* or first"):
         spec.record_episodes(EnvConfig(name="webshop"), "train", 2, "random")
+
+
+def test_first_result_shopper_opens_the_first_affordable_result(env):
+    """kind "first": the instruction shopper opening the first result priced within the limit
+    (the engine's best match) instead of the best-matching title: on these goals it scores more
+    than the "words" pick; its episodes are recorded with their own source."""
+    from hgpo_jax.config import EnvConfig
+    from hgpo_jax.envs.webshop.expert import affordable, price_limit
+
+    with pytest.raises(ValueError, match="pick must be one of"):
+        InstructionShopper("best")
+    scores = {"words": [], "first": []}
+    for pick in scores:
+        for task in range(40):
+            obs, info = env.reset(task)
+            shopper = InstructionShopper(pick)
+            for t in range(10):
+                action = shopper(obs, info, t)
+                if t == 1 and pick == "first":
+                    shown = results_on_page(obs, info["available_actions"]["clickables"])
+                    assert action == f"click[{affordable(shown, price_limit(info['task']))[0][0]}]"
+                obs, _, done, info = env.step(action)
+                if done:
+                    break
+            scores[pick].append(info["task_score"])
+    assert sum(scores["first"]) > sum(scores["words"])
+    episodes = ENV_SPECS["webshop"].record_episodes(EnvConfig(name="webshop", max_steps=15), "train", 3, "first")
+    assert [ep.source.split(":")[0] for ep in episodes] == ["webshop-first"] * 3
+    assert all(ep.steps[-1].action == "click[buy now]" for ep in episodes)
 
 
 def test_the_dense_score_reward_is_an_option():

@@ -15,7 +15,7 @@ from experiments import laptop, webshop_laptop  # noqa: E402
 
 TINY = ["--episodes", "4", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
-        "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
+        "sft.episodes=4", "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
         "rollout.max_new_tokens=16",
         "--set-rl", "train.iterations=1", "rollout.num_groups=1", "rollout.group_size=2",
         "env.max_steps=2", "env.num_workers=1", "train.mini_batch_size=4", "train.micro_batch_size=2",
@@ -31,6 +31,8 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     experts = json.loads((out / webshop_laptop.EXPERTS).read_text())
     assert experts["test"]["episodes"] == 500 and experts["train"]["episodes"] == 4
     assert 0.3 < experts["test"]["score"] < 0.8 and 0.0 < experts["test"]["success"] < 1.0
+    assert experts["first"]["test"]["score"] > experts["test"]["score"]  # the third round's expert
+    assert any("sft.data=first" in c for c in state["commands"])  # every SFT round ran
     assert any(c.startswith("hgpo-jax sft webshop_laptop_sft") and "sft.episodes=4" in c
                for c in state["commands"])
     assert any(c.startswith("hgpo-jax train webshop_laptop_rl") and "algo.K=2" in c
@@ -39,6 +41,7 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     table1 = results["table1"]
     assert table1["instruction shopper (the SFT's expert)"] == [experts["test"]]
+    assert table1["first-result shopper (the third SFT round's expert)"] == [experts["first"]["test"]]
     for name in ("warm start (SFT)", "hgpo_k2"):
         evals, = table1[name]
         assert 0.0 <= evals["score"] <= 1.0 and 0.0 <= evals["success"] <= 1.0

@@ -54,22 +54,25 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     kind "expert": the title shopper's purchases that score 1 (a goal whose purchase scores below
     1, e.g. an attribute the reward cannot find in the product's text, is replaced by the next
     goal of the split). kind "search": the instruction shopper's episodes on n goals, whatever
-    they score (they teach a procedure a policy can follow from the page alone).
+    they score (they teach a procedure a policy can follow from the page alone); kind "first":
+    the same shopper opening the first affordable result instead of the best-matching title.
     """
     import warnings
 
     from hgpo_jax.envs.webshop.expert import InstructionShopper, title_actions
     from hgpo_jax.envs.episodes import play_episode, spread
 
-    if kind not in ("expert", "search"):
+    if kind not in ("expert", "search", "first"):
         raise ValueError(f"sft.data kind {kind!r} is not recorded for WebShop; use expert (the "
-                         "target's title searched) or search (the instruction's words searched)")
+                         "target's title searched), search (the instruction's words searched) or "
+                         "first (the same, opening the first affordable result)")
     env = WebShopEnv(seed=env_cfg.seed, data_dir=env_cfg.data_dir)
     tasks = _list_tasks(env_cfg, split)
     first = spread(tasks, n)
-    if kind == "search":
-        return [play_episode(env, task, InstructionShopper(), env_cfg.max_steps,
-                             source=f"webshop-search:{env_cfg.seed}:{task}", score_key=SCORE_KEY)
+    if kind in ("search", "first"):
+        pick = "first" if kind == "first" else "words"
+        return [play_episode(env, task, InstructionShopper(pick), env_cfg.max_steps,
+                             source=f"webshop-{kind}:{env_cfg.seed}:{task}", score_key=SCORE_KEY)
                 for task in first]
     chosen = set(first)
     out, skipped = [], 0
