@@ -106,9 +106,11 @@ def stage_report(args, state: dict) -> dict:
         rows["instruction shopper (the SFT's expert)"] = [experts["test"]]
         if "first" in experts:
             rows["first-result shopper (the third SFT round's expert)"] = [experts["first"]["test"]]
-    first = laptop.kept_log(args.out, "eval_warm_sft600")  # the first warm start (before sft_more)
-    if os.path.isfile(os.path.join(first, "metrics.jsonl")):
-        rows["warm start after 600 SFT steps (first round)"] = [last_eval(first)]
+    for name, label in (("eval_warm_sft600", "warm start after 600 SFT steps (first round)"),
+                        ("eval_warm_sft1200", "warm start after 1,200 SFT steps (second round)")):
+        kept = laptop.kept_log(args.out, name)  # the earlier rounds' warm starts, evaluated
+        if os.path.isfile(os.path.join(kept, "metrics.jsonl")):
+            rows[label] = [last_eval(kept)]
     return laptop.write_report(
         args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
         caption="Task score (x 100) and success (%) on the test goals evaluated (eval.games of"
