@@ -44,7 +44,8 @@ class Study:
     """What differs between studies. `experts(args, state)` and `report(args, state)` are its own
     stages (each returns a JSON-able result); `experts_done(args)` says whether the first is
     finished (given that the warm start is not kept yet); `sft_overrides(args)` are the extra
-    overrides of its SFT command. `more_sft`: further SFT rounds, (name, overrides) each, every
+    overrides of its SFT command. `more_sft`: further SFT rounds, (name, overrides or a function
+    args -> overrides, called only when the round runs) each, every
     one continuing from the warm start exported so far (model.path=OUT/warm_start) in run folder
     RUNS/<name>, exported to OUT/warm_start in turn. `keep_policies`: export every RL run's final
     policy to OUT/<run name> (a float32 transformers folder)."""
@@ -162,13 +163,15 @@ def stage_sft(study: Study, args, state: dict) -> dict:
     then each of the study's further rounds (`Study.more_sft`), from the warm start kept so far.
     A round already kept (its log in OUT/logs/<name>) is not run again."""
     seconds, runs = 0.0, []
-    rounds = [("sft", [])] + [(name, [f"model.path={warm_start_dir(args.out)}", *extra])
-                              for name, extra in study.more_sft]
-    for name, extra in rounds:
+    rounds = [("sft", [])] + [(name, extra, True) for name, extra in study.more_sft]
+    for name, extra, *later in rounds:
         run = os.path.join(args.runs, name)
         runs.append(run)
         if study.more_sft and has_warm_start(args.out) and has_log(args.out, name):
             continue  # a round of several, kept (its log is kept after its export)
+        extra = extra(args) if callable(extra) else extra
+        if later:
+            extra = [f"model.path={warm_start_dir(args.out)}", *extra]
         argv = ["sft", study.sft_config, f"train.run_dir={run}", f"mesh.data={args.devices}",
                 *study.sft_overrides(args), *extra, *args.set_sft]
         seconds += run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)

@@ -37,6 +37,7 @@ from experiments import laptop  # noqa: E402
 
 EPISODES = 2000  # train goals with the shopper's episodes (sft.episodes)
 EXPERTS = "experts.json"
+COPY_GOALS = 2000  # the copy round's shopper goals (as many copy turns as their turns)
 
 
 # ----------------------------------------------------------------------------------- experts
@@ -74,6 +75,58 @@ def stage_experts(args, state: dict) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------------- copy mix
+COPY_PROMPT = "Repeat the following text exactly.\n\n"
+
+
+def copy_turns(observations, n: int, rng, min_words: int = 8, max_words: int = 60) -> list[tuple[str, str]]:
+    """n synthetic copy turns [(prompt, response)]: a random run of 8..60 words of a random
+    WebShop page (titles, product ids, prices, options, instructions), the reply that run again.
+    Predicting the reply needs the copying the warm starts lack (experiments/copy_probe.py: a
+    model of this shape learns it within 200 steps when nothing else lowers the loss)."""
+    out = []
+    for _ in range(n):
+        words = observations[int(rng.integers(len(observations)))].split()
+        k = int(rng.integers(min_words, max_words + 1))
+        start = int(rng.integers(max(1, len(words) - k + 1)))
+        span = " ".join(words[start:start + k])
+        out.append((COPY_PROMPT + span, span))
+    return out
+
+
+def write_copy_mix(path: str, goals: int, seed: int = 0) -> str:
+    """The fourth SFT round's data (JSONL of prompt/response turns): the first-result shopper's
+    turns on `goals` train goals (the rollout's prompts, as `sft.data=first`) and as many copy
+    turns cut from those episodes' pages (`copy_turns`), shuffled."""
+    import numpy as np
+
+    from hgpo_jax.config import EnvConfig
+    from hgpo_jax.envs.webshop import ENV_SPECS
+    from hgpo_jax.sft.data import samples_from_episodes
+
+    spec, cfg = ENV_SPECS["webshop"], EnvConfig(name="webshop")
+    episodes = spec.record_episodes(cfg, "train", goals, "first", seed=seed)
+    turns = samples_from_episodes(episodes, cfg.memory_len, spec.build_prompt)
+    rng = np.random.default_rng(seed)
+    pages = [step.observation for ep in episodes for step in ep.steps]
+    turns += copy_turns(pages, len(turns), rng)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for i in rng.permutation(len(turns)):
+            f.write(json.dumps({"prompt": turns[i][0], "response": turns[i][1]}) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def copy_mix_overrides(args) -> list[str]:
+    """The copy round's data, written once into RUNS (`write_copy_mix`), as an override."""
+    path = os.path.join(args.runs, "copy_mix.jsonl")
+    if not os.path.isfile(path):
+        write_copy_mix(path, args.copy_goals)
+    return [f"sft.data={path}"]
+
+
 # ----------------------------------------------------------------------------------- report
 def last_eval(run_dir: str) -> dict[str, float]:
     """The last logged evaluation on the test goals: {'score', 'success'}."""
@@ -107,7 +160,9 @@ def stage_report(args, state: dict) -> dict:
         if "first" in experts:
             rows["first-result shopper (the third SFT round's expert)"] = [experts["first"]["test"]]
     for name, label in (("eval_warm_sft600", "warm start after 600 SFT steps (first round)"),
-                        ("eval_warm_sft1200", "warm start after 1,200 SFT steps (second round)")):
+                        ("eval_warm_sft1200", "warm start after 1,200 SFT steps (second round)"),
+                        ("eval_warm_sft1800", "warm start after 1,800 SFT steps (third round, first-result"
+                                              " shopper)")):
         kept = laptop.kept_log(args.out, name)  # the earlier rounds' warm starts, evaluated
         if os.path.isfile(os.path.join(kept, "metrics.jsonl")):
             rows[label] = [last_eval(kept)]
@@ -125,6 +180,8 @@ def stage_report(args, state: dict) -> dict:
 def add_arguments(parser) -> None:
     parser.add_argument("--episodes", type=int, default=EPISODES,
                         help="train goals with the shopper's episodes for the warm start")
+    parser.add_argument("--copy-goals", type=int, default=COPY_GOALS,
+                        help="train goals whose first-result episodes the copy round mixes in")
 
 
 STUDY = laptop.Study(
@@ -137,7 +194,11 @@ STUDY = laptop.Study(
               # the first-result shopper's episodes (it scores 0.75, the "words" pick 0.50, and
               # clicks the first affordable id listed) on twice the goals
               ("sft_first", ["sft.data=first", "sft.episodes=4000", "sft.steps=600", "train.seed=2",
-                             "optim.lr=7e-4", "optim.warmup_steps=10"])),
+                             "optim.lr=7e-4", "optim.warmup_steps=10"]),
+              # the third round's model copies poorly (experiments/webshop_copy_nll.py): half of
+              # this round's turns can only be learnt by copying (write_copy_mix)
+              ("sft_copy", lambda args: [*copy_mix_overrides(args), "sft.steps=600", "train.seed=3",
+                                         "optim.lr=7e-4", "optim.warmup_steps=10"])),
     keep_policies=True, add_arguments=add_arguments)
 
 

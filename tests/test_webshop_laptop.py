@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)
 
 from experiments import laptop, webshop_laptop  # noqa: E402
 
-TINY = ["--episodes", "4", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
+TINY = ["--episodes", "4", "--copy-goals", "3", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
         "sft.episodes=4", "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
         "rollout.max_new_tokens=16",
@@ -33,6 +33,12 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert 0.3 < experts["test"]["score"] < 0.8 and 0.0 < experts["test"]["success"] < 1.0
     assert experts["first"]["test"]["score"] > experts["test"]["score"]  # the third round's expert
     assert any("sft.data=first" in c for c in state["commands"])  # every SFT round ran
+    copy_round, = [c for c in state["commands"] if "copy_mix.jsonl" in c]
+    assert "train.seed=3" in copy_round
+    turns = [json.loads(line) for line in (runs / "copy_mix.jsonl").read_text().splitlines()]
+    copies = [t for t in turns if t["prompt"].startswith(webshop_laptop.COPY_PROMPT)]
+    assert 0 < len(copies) == len(turns) - len(copies)  # as many copy turns as shopper turns
+    assert all(t["prompt"] == webshop_laptop.COPY_PROMPT + t["response"] for t in copies)
     assert any(c.startswith("hgpo-jax sft webshop_laptop_sft") and "sft.episodes=4" in c
                for c in state["commands"])
     assert any(c.startswith("hgpo-jax train webshop_laptop_rl") and "algo.K=2" in c
