@@ -48,7 +48,8 @@ class Study:
     args -> overrides, called only when the round runs) each, every
     one continuing from the warm start exported so far (model.path=OUT/warm_start) in run folder
     RUNS/<name>, exported to OUT/warm_start in turn. `keep_policies`: export every RL run's final
-    policy to OUT/<run name> (a float32 transformers folder)."""
+    policy to OUT/<run name> (a float32 transformers folder). `eval_overrides`: overrides of each
+    RL run's evaluation (say, the step limit the warm start is evaluated with)."""
 
     name: str
     sft_config: str
@@ -59,6 +60,7 @@ class Study:
     sft_overrides: Callable = lambda args: []
     more_sft: tuple = ()
     keep_policies: bool = False
+    eval_overrides: tuple = ()  # what each RL run's evaluation changes of its training config
     add_arguments: Callable = lambda parser: None
     defaults: dict = field(default_factory=dict)
 
@@ -211,7 +213,8 @@ def stage_rl(study: Study, args, state: dict) -> dict:
         argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
         train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
-        eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *args.set_eval], state)
+        eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *study.eval_overrides,
+                                *args.set_eval], state)
         if study.keep_policies:
             run_cli(args, ["export", run, os.path.join(args.out, name), "--overwrite"], state)
         keep_log(run, args.out, f"rl_{name}")

@@ -79,17 +79,20 @@ def stage_experts(args, state: dict) -> dict:
 COPY_PROMPT = "Repeat the following text exactly.\n\n"
 
 
-def copy_turns(observations, n: int, rng, min_words: int = 8, max_words: int = 60) -> list[tuple[str, str]]:
+def copy_turns(observations, n: int, rng, min_words: int = 8, max_words: int = 60,
+               shuffle: bool = False) -> list[tuple[str, str]]:
     """n synthetic copy turns [(prompt, response)]: a random run of 8..60 words of a random
     WebShop page (titles, product ids, prices, options, instructions), the reply that run again.
     Predicting the reply needs the copying the warm starts lack (experiments/copy_probe.py: a
-    model of this shape learns it within 200 steps when nothing else lowers the loss)."""
+    model of this shape learns it within 200 steps when nothing else lowers the loss). shuffle:
+    the run's words in a random order (no language prior helps: only copying lowers the loss)."""
     out = []
     for _ in range(n):
         words = observations[int(rng.integers(len(observations)))].split()
         k = int(rng.integers(min_words, max_words + 1))
         start = int(rng.integers(max(1, len(words) - k + 1)))
-        span = " ".join(words[start:start + k])
+        run = words[start:start + k]
+        span = " ".join(run[i] for i in rng.permutation(len(run))) if shuffle else " ".join(run)
         out.append((COPY_PROMPT + span, span))
     return out
 
@@ -199,7 +202,8 @@ STUDY = laptop.Study(
               # this round's turns can only be learnt by copying (write_copy_mix)
               ("sft_copy", lambda args: [*copy_mix_overrides(args), "sft.steps=600", "train.seed=3",
                                          "optim.lr=7e-4", "optim.warmup_steps=10"])),
-    keep_policies=True, add_arguments=add_arguments)
+    keep_policies=True, add_arguments=add_arguments,
+    eval_overrides=("env.max_steps=15",))  # RL rollouts stop at 8 steps (webshop_laptop_rl), evaluations at 15
 
 
 def main(argv=None) -> int:
