@@ -118,6 +118,47 @@ def test_token_entropy_equals_the_full_logits_and_keeps_the_logprobs():
         np.testing.assert_array_equal(np.asarray(lp), np.asarray(token_logprobs(model, ids, mask, chunk=chunk)))
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.6])
+def test_token_logprobs_at_a_temperature_are_those_of_the_tempered_softmax(temperature):
+    """At the rollout temperature T the log-probs and entropies are those of softmax(logits / T),
+    the distribution the sampler draws from (verl-agent's log-prob passes divide the logits by
+    T), windowed or not; T = 1 is the plain softmax."""
+    model = tiny_model()
+    b = random_batch()
+    ids, mask, rm = (jnp.asarray(x) for x in (b.input_ids, b.attention_mask, b.response_mask))
+    hidden, _ = model.hidden_states(ids, attention_mask=mask)
+    scaled = model.logits(hidden).astype(jnp.float32)[:, :-1] / temperature
+    want_lp = jnp.take_along_axis(jax.nn.log_softmax(scaled), ids[:, 1:, None], -1)[..., 0]
+    want_ent = -jnp.sum(jax.nn.softmax(scaled) * jax.nn.log_softmax(scaled), axis=-1)
+    lp, ent = token_logprobs(model, ids, mask, chunk=5, with_entropy=True, temperature=temperature)
+    np.testing.assert_allclose(np.asarray(lp[:, 1:]), np.asarray(want_lp), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent[:, 1:]), np.asarray(want_ent), atol=1e-5)
+    plain = np.asarray(token_logprobs(model, ids, mask, chunk=5)[:, 1:])
+    assert np.abs(np.asarray(lp[:, 1:]) - plain).max() > 0.1  # the temperature changes them
+    graphdef, params = nnx.split(model, nnx.Param)
+    windowed = make_logprob_fn(graphdef, window=8, temperature=temperature)(params, ids, mask, rm)
+    np.testing.assert_allclose(np.asarray(windowed), np.asarray(lp) * np.asarray(rm), atol=1e-5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(model, ids, mask, temperature=0.0)
+
+
+def test_train_step_scores_the_policy_at_the_loss_temperature():
+    """The update's log-probs are taken at `LossConfig.temperature`: with the old and reference
+    log-probs of the same temperature the first step's ratio is 1 (ppo_kl and the KL are 0);
+    scored at another temperature they are not."""
+    model = tiny_model()
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = optax.sgd(0.0)
+    batch = random_batch(8)
+    mb = minibatch(make_logprob_fn(graphdef, temperature=0.7), params, batch, perturb=0.0)
+    m = {}
+    for temperature in (0.7, 1.0):
+        step = make_train_step(graphdef, tx, LossConfig(temperature=temperature), 2)
+        _, _, m[temperature] = step(jax.tree.map(jnp.copy, params), init_opt_state(tx, params)[0], mb)
+    assert abs(float(m[0.7]["train/ppo_kl"])) < 1e-6 and abs(float(m[0.7]["train/kl_loss"])) < 1e-6
+    assert abs(float(m[1.0]["train/ppo_kl"])) > 1e-3 and float(m[1.0]["train/kl_loss"]) > 1e-3
+
+
 @pytest.mark.parametrize("window,chunk", [(7, 128), (7, 3), (12, 5)])
 def test_response_window_equals_every_position_on_the_response(window, chunk):
     """With a window (the vocabulary projection for the response positions only), log-probs,

@@ -175,6 +175,24 @@ def test_loss_config_takes_the_algo_settings():
     assert build_loss_config(load_config("tiny_cpu")).entropy_coef == 0.001
 
 
+def test_loss_config_scores_at_the_rollout_temperature():
+    from hgpo_jax.trainers.rl import build_loss_config
+
+    assert build_loss_config(load_config("tiny_cpu", ["rollout.temperature=0.7"])).temperature == 0.7
+    assert build_loss_config(load_config("tiny_cpu", ["rollout.temperature=0"])).temperature == 1.0
+
+
+def test_old_logprobs_are_those_the_rollout_sampled_at_its_temperature(tmp_path):
+    """At rollout.temperature 0.6 the trainer's old log-probs of the response tokens are the
+    sampler's own (the gap is rounding), so the policy updated is the one that acted; scored at
+    temperature 1 they would differ by ~0.1-0.3 nats a token."""
+    cfg = toy_config(tmp_path / "run", "rollout.temperature=0.6", "train.iterations=1")
+    with Trainer(cfg, progress=False) as trainer:
+        (m,) = trainer.train()
+    assert m["train/rollout_vs_policy_logp_gap"] < 1e-3
+    assert abs(m["train/ppo_kl"]) < 1e-3
+
+
 def test_plan_prints_memory_per_device(capsys):
     assert cli_main(["plan", "tiny_cpu"]) == 0
     out = capsys.readouterr().out

@@ -33,6 +33,7 @@ class LossConfig:
     kl_type: str = "low_var_kl"
     agg: str = "token-mean"
     entropy_coef: float = 0.001
+    temperature: float = 1.0  # log-probs, entropy and KL of softmax(logits / T): the rollout's T
 
 
 def ppo_micro_loss(loss_cfg: LossConfig, window: int | None = None):
@@ -43,7 +44,7 @@ def ppo_micro_loss(loss_cfg: LossConfig, window: int | None = None):
         # is not differentiated
         logp, entropy = token_logprobs(model, micro.input_ids, micro.attention_mask,
                                        with_entropy=True, response_mask=micro.response_mask,
-                                       window=window)
+                                       window=window, temperature=loss_cfg.temperature)
         return ppo_kl_loss(logp, micro.old_logp, micro.ref_logp, micro.advantages,
                            micro.response_mask, clip_low=loss_cfg.clip_low,
                            clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
@@ -85,7 +86,7 @@ def ppo_budget_micro_loss(loss_cfg: LossConfig, budget: int, window: int | None 
         w, chunk = budget_window_chunk(*micro.input_ids.shape, window, budget, shards)
         logp, entropy = token_logprobs(model, micro.input_ids, micro.attention_mask, chunk,
                                        with_entropy=True, response_mask=micro.response_mask,
-                                       window=w)
+                                       window=w, temperature=loss_cfg.temperature)
 
         def weighted(row_weight):
             weights = micro.response_mask * row_weight[:, None]

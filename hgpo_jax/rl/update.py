@@ -107,10 +107,14 @@ def init_opt_state(tx: optax.GradientTransformation, params: nnx.State, mesh: Me
 
 # --------------------------------------------------------------------------- log-probs
 def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK, *,
-                   with_entropy: bool = False, response_mask=None, window: int | None = None):
+                   with_entropy: bool = False, response_mask=None, window: int | None = None,
+                   temperature: float = 1.0):
     """log p(token_t | tokens_<t) for every position: float32 [S, L] (position 0 gets 0).
 
     input_ids, attention_mask: int [S, L], right-padded rows.
+    temperature (static float > 0): the distribution is softmax(logits / temperature), the one
+      the sampler draws from at that temperature (verl-agent scores log-probs, entropies and the
+      KL to the reference at the rollout temperature; 1.0 leaves the logits as they are).
     with_entropy: also return the entropy of each next-token distribution, float32 [S, L]:
       entropy[:, t] is that of the distribution that predicts token t (the one logp[:, t] is
       taken from), over the full vocabulary of the fp32 logits; position 0 gets 0. Computed in
@@ -129,7 +133,7 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
     if window is None:
         # the hidden state at t predicts token t + 1
         targets = jnp.concatenate([input_ids[:, 1:], jnp.zeros((S, 1), input_ids.dtype)], axis=1)
-        out = _chunked_logprobs(model, hidden, targets, chunk, with_entropy)
+        out = _chunked_logprobs(model, hidden, targets, chunk, with_entropy, temperature)
         out = tuple(jnp.concatenate([jnp.zeros((S, 1), jnp.float32), x[:, :L - 1]], axis=1)
                     for x in out)  # position t holds token t's value
     else:
@@ -138,7 +142,7 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
         h = window_predictors(hidden, response_mask, window)            # [S, W, D]
         rows, pos = response_window(response_mask, window)
         t = input_ids[rows, jnp.clip(pos, 0, L - 1)]                    # [S, W]
-        out = _chunked_logprobs(model, h, t, min(chunk, window), with_entropy)
+        out = _chunked_logprobs(model, h, t, min(chunk, window), with_entropy, temperature)
         out = tuple(window_to_rows(x, response_mask) for x in out)
     return out if with_entropy else out[0]
 
@@ -167,9 +171,13 @@ def window_to_rows(x, response_mask):
     return jnp.where(response_mask > 0, out, 0)
 
 
-def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):
+def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool,
+                      temperature: float = 1.0):
     """(log p(targets | hidden),) or (logp, entropy), float32 [S, N], from hidden [S, N, D] and
-    targets int [S, N], `chunk` positions at a time (rematerialized in the backward pass)."""
+    targets int [S, N], `chunk` positions at a time (rematerialized in the backward pass), of
+    softmax(logits / temperature)."""
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     S, N, D = hidden.shape
     pad = (-N) % chunk
     n = (N + pad) // chunk
@@ -180,6 +188,8 @@ def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool):
     def one_chunk(args):
         hc, tc = args
         logits = model.logits(hc).astype(jnp.float32)          # [S, chunk, V]
+        if temperature != 1.0:
+            logits = logits / temperature
         logz = jax.nn.logsumexp(logits, axis=-1)
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
         if not with_entropy:
@@ -215,9 +225,9 @@ def batch_shards(mesh: Mesh | None) -> int:
 
 
 def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: int | None = None,
-                    token_budget: int = 0):
+                    token_budget: int = 0, temperature: float = 1.0):
     """jit(params, input_ids [S, L], attention_mask [S, L], response_mask [S, L]) -> logp
-    float32 [S, L] (`token_logprobs`; with a `window`, 0 outside the response).
+    float32 [S, L] (`token_logprobs` at `temperature`; with a `window`, 0 outside the response).
     token_budget: the tokens per device of token-budget micro-batches (0: fixed micro-batches);
     each shape then gets its window and chunk from `budget_window_chunk` (same values)."""
     shards = batch_shards(mesh)
@@ -227,7 +237,7 @@ def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: 
         if token_budget:
             w, chunk = budget_window_chunk(*input_ids.shape, window, token_budget, shards)
         return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask, chunk,
-                              response_mask=response_mask, window=w)
+                              response_mask=response_mask, window=w, temperature=temperature)
 
     if mesh is None:
         return jax.jit(fn)

@@ -48,12 +48,20 @@ from hgpo_jax.runs import Run
 
 
 # --------------------------------------------------------------------------- set-up helpers
+def scoring_temperature(rollout) -> float:
+    """The temperature the trainer scores log-probs at (old, reference and the updated policy's,
+    with the entropy and the KL): the rollout's, so the policy trained is the one sampled, as
+    verl-agent divides the logits by the rollout temperature in every log-prob pass. Greedy
+    rollouts (temperature 0) are scored at 1."""
+    return rollout.temperature if rollout.temperature > 0 else 1.0
+
+
 def build_loss_config(cfg) -> LossConfig:
-    """The config's PPO-KL loss settings (`cfg.algo`)."""
+    """The config's PPO-KL loss settings (`cfg.algo`, at the rollout's `scoring_temperature`)."""
     a = cfg.algo
     return LossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
                       kl_coef=a.kl_coef, kl_type=a.kl_type, agg=a.loss_agg,
-                      entropy_coef=a.entropy_coef)
+                      entropy_coef=a.entropy_coef, temperature=scoring_temperature(cfg.rollout))
 
 
 def diagnostic_metrics(columns, valid, options: AdvantageOptions) -> dict[str, float]:
@@ -344,7 +352,8 @@ class Trainer(Run):
                 self.shardings, self.opt_shardings, window=r.max_new_tokens,
                 token_advantages=ppo) if self.budget else None
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
-                                              window=r.max_new_tokens, token_budget=self.budget)
+                                              window=r.max_new_tokens, token_budget=self.budget,
+                                              temperature=loss_cfg.temperature)
 
             self.env_spec = with_reward(get_env(cfg.env.name), cfg.env.reward)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
