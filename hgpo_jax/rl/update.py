@@ -127,6 +127,8 @@ def token_logprobs(model, input_ids, attention_mask, chunk: int = LOGPROB_CHUNK,
       response are 0 then. Without a window, every position is computed.
     Returns logp, or (logp, entropy) with `with_entropy`.
     """
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     hidden, _ = model.hidden_states(input_ids, attention_mask=attention_mask,
                                     right_padded=True)  # [S, L, D]
     S, L, _ = hidden.shape
@@ -172,12 +174,10 @@ def window_to_rows(x, response_mask):
 
 
 def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool,
-                      temperature: float = 1.0):
+                      temperature: float):
     """(log p(targets | hidden),) or (logp, entropy), float32 [S, N], from hidden [S, N, D] and
     targets int [S, N], `chunk` positions at a time (rematerialized in the backward pass), of
     softmax(logits / temperature)."""
-    if not temperature > 0:
-        raise ValueError(f"token_logprobs: temperature must be > 0, got {temperature}")
     S, N, D = hidden.shape
     pad = (-N) % chunk
     n = (N + pad) // chunk
