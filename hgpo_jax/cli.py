@@ -210,7 +210,7 @@ def check_eval_args(cfg, split: str | None, games: int) -> None:
 def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
     """`eval --json`'s object: per split evaluated, 'score' (mean task score, None where the env
     has none), 'success', 'episodes' and every other rate of that split by its short name (task
-    types, 'failed', 'all_std', ...). NaN becomes None (JSON has no NaN)."""
+    types, 'mean_length', 'ended', 'failed', 'all_std', ...). NaN becomes None (JSON has no NaN)."""
     out = {}
     for split in splits:
         prefix = f"eval/{split}/"

@@ -227,7 +227,12 @@ def test_evaluate_reports_success_per_task_type(tiny):
     policy = scripted_policy(model, tok, temperature=0.4)
     with toy_pool(4) as pool:
         result = evaluate(policy, pool, list(range(6)), max_steps=10)  # 6 tasks in 2 chunks of 4
-    assert result == {"memory": 1.0, "all": 1.0, "episodes": 6.0, "failed": 0.0}
+        cut = evaluate(policy, pool, list(range(6)), max_steps=1)  # no game ends in one step
+    # the scripted solver wins every toy game in 4 steps, each ended by the env
+    assert result == {"memory": 1.0, "all": 1.0, "mean_length": 4.0, "ended": 1.0,
+                      "episodes": 6.0, "failed": 0.0}
+    assert cut == {"memory": 0.0, "all": 0.0, "mean_length": 1.0, "ended": 0.0,
+                   "episodes": 6.0, "failed": 0.0}
 
 
 def test_mismatched_pool_size_is_an_error(tiny):

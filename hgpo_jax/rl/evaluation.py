@@ -73,7 +73,8 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
                    progress: bool = False) -> dict[str, float]:
     """Success rates of `policy` on `tasks` under `protocol`.
 
-    Returns {'all', task types..., 'episodes', 'failed'}; "verl-agent" adds 'all_std' (std over
+    Returns {'all', task types..., 'mean_length', 'ended', 'episodes', 'failed'} ('score' too for
+    an env with a task score; `hgpo_jax.rl.rollout.evaluate`); "verl-agent" adds 'all_std' (std over
     seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.rollout.evaluate`
     (intro, projection, ...).
     """

@@ -287,7 +287,9 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
              projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
     success overall ('all') and per task type, plus the number of episodes and failures, and
-    'score' (the mean episode score) for an env that has one (spec.score_key).
+    'score' (the mean episode score) for an env that has one (spec.score_key); 'mean_length' (steps
+    per episode) and 'ended' (the share of episodes the env ended before `max_steps`: a purchase
+    in WebShop) say how the episodes went.
 
     Use the paper's eval temperature (0.4) in `policy`. Episodes lost to env failures are
     reported in 'failed' and left out of the rates. In a multi-process run every process calls
@@ -299,7 +301,7 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
     n = env_pool.num_envs
     n_all, lo = n * jax.process_count(), n * jax.process_index()
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    won, types, scores, failed = [], [], [], 0
+    won, types, scores, lengths, ended, failed = [], [], [], [], [], 0
     for start in tqdm(range(0, len(tasks), n_all), desc="evaluate", unit="batch", disable=not progress):
         chunk = list(tasks[start:start + n_all])
         real = len(chunk)
@@ -309,18 +311,24 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
                                  rng=sub, spec=spec, intro=intro, projection=projection)
         score = (batch.episode_score.tolist() if batch.episode_score is not None
                  else [0.0] * len(batch.episode_traj))
+        done = set(batch.traj_id[batch.done].tolist())
         episodes = [e for part in allgather_json(
-            [[lo + int(i), bool(w), t, x] for i, w, t, x in
-             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type, score)]) for e in part]
+            [[lo + int(i), bool(w), t, x, int(steps), int(i) in done] for i, w, t, x, steps in
+             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type, score,
+                 batch.episode_length)]) for e in part]
         kept = {e[0] for e in episodes}
         failed += sum(1 for i in range(real) if i not in kept)
-        for i, w, t, x in episodes:
+        for i, w, t, x, steps, d in episodes:
             if i < real:
                 won.append(bool(w))
                 types.append(t)
                 scores.append(float(x))
+                lengths.append(steps)
+                ended.append(bool(d))
     rates = success_rates(types, won) if won else {"all": 0.0}
     if spec is not None and spec.score_key is not None:
         rates["score"] = float(np.mean(scores)) if scores else 0.0
-    rates.update({"episodes": float(len(won)), "failed": float(failed)})
+    rates.update({"mean_length": float(np.mean(lengths)) if lengths else 0.0,
+                  "ended": float(np.mean(ended)) if ended else 0.0,
+                  "episodes": float(len(won)), "failed": float(failed)})
     return rates
