@@ -288,8 +288,8 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
     success overall ('all') and per task type, plus the number of episodes and failures, and
     'score' (the mean episode score) for an env that has one (spec.score_key); 'mean_length' (steps
-    per episode) and 'ended' (the share of episodes the env ended before `max_steps`: a purchase
-    in WebShop) say how the episodes went.
+    per episode) and 'ended' (the share of episodes the env itself ended, `done`, within
+    `max_steps` rather than cut by it: a purchase in WebShop) say how the episodes went.
 
     Use the paper's eval temperature (0.4) in `policy`. Episodes lost to env failures are
     reported in 'failed' and left out of the rates. In a multi-process run every process calls
