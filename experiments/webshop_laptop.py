@@ -132,7 +132,8 @@ def copy_mix_overrides(args) -> list[str]:
 
 # ----------------------------------------------------------------------------------- report
 def last_eval(run_dir: str) -> dict[str, float]:
-    """The last logged evaluation on the test goals: {'score', 'success'}."""
+    """The last logged evaluation on the test goals: {'score', 'success'} and 'score_sem' (the
+    score's standard error over the goals) where the evaluation logged it."""
     from hgpo_jax.metrics import read_metrics
 
     out = {}
@@ -140,15 +141,20 @@ def last_eval(run_dir: str) -> dict[str, float]:
         if "eval/test/all" in record:
             out = {"score": float(record.get("eval/test/score", float("nan"))),
                    "success": float(record["eval/test/all"])}
+            if "eval/test/score_sem" in record:
+                out["score_sem"] = float(record["eval/test/score_sem"])
     return out
 
 
 def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
-    """WebShop's Table 1 layout: per method, task score (x 100) and success (%), mean ± std."""
-    lines = ["| method | score | success (%) |", "|---|---|---|"]
+    """WebShop's Table 1 layout: per method, task score (x 100) and success (%), mean ± std, then
+    each evaluation's standard error of the score over its goals (x 100; '-' where not logged)."""
+    lines = ["| method | score | success (%) | score's standard error per evaluation |", "|---|---|---|---|"]
     for name, evals in rows.items():
+        sems = (", ".join(f"{100 * e['score_sem']:.1f}" if "score_sem" in e else "-" for e in evals)
+                if any("score_sem" in e for e in evals) else "-")
         lines.append(f"| {name} | " + " | ".join(laptop.cell([e[k] for e in evals if k in e])
-                                                 for k in ("score", "success")) + " |")
+                                                 for k in ("score", "success")) + f" | {sems or '-'} |")
     return lines
 
 

@@ -11,7 +11,7 @@ from hgpo_jax.envs.pool import EnvPool, EnvReply
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
-from hgpo_jax.rl.rollout import Policy, collect_rollouts, evaluate
+from hgpo_jax.rl.rollout import Policy, collect_rollouts, default_spec, evaluate, mean_and_sem
 from hgpo_jax.build import resolve_model_path
 from toy_policies import Out, ScriptedToyPolicy
 
@@ -233,6 +233,24 @@ def test_evaluate_reports_success_per_task_type(tiny):
                       "episodes": 6.0, "failed": 0.0}
     assert cut == {"memory": 0.0, "all": 0.0, "mean_length": 1.0, "ended": 0.0,
                    "episodes": 6.0, "failed": 0.0}
+
+
+def test_evaluate_reports_the_score_and_its_standard_error(tiny):
+    model, tok = tiny
+    policy = scripted_policy(model, tok, temperature=0.4)
+    scored = dataclasses.replace(default_spec(), score_key="won")  # the toy's win flag as a 0/1 score
+    with toy_pool(4) as pool:
+        result = evaluate(policy, pool, list(range(6)), max_steps=10, spec=scored)
+    assert result["score"] == 1.0 and result["score_sem"] == 0.0  # every episode won: no spread
+
+
+def test_mean_and_sem():
+    assert mean_and_sem([]) == (0.0, 0.0)
+    assert mean_and_sem([0.7]) == (0.7, 0.0)
+    mean, sem = mean_and_sem([0.0, 1.0, 1.0, 0.0])  # sample std sqrt(1/3), over sqrt(4)
+    assert mean == 0.5 and sem == pytest.approx(np.sqrt(1 / 3) / 2, rel=1e-12)
+    mean, sem = mean_and_sem([0.2, 0.4, 0.9])
+    assert mean == pytest.approx(0.5) and sem == pytest.approx(np.std([0.2, 0.4, 0.9], ddof=1) / np.sqrt(3))
 
 
 def test_mismatched_pool_size_is_an_error(tiny):

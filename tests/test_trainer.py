@@ -87,6 +87,7 @@ def test_webshop_train_and_eval_via_the_cli(tmp_path, capsys):
     test = result["test"]
     assert test["episodes"] == 3 and 0.0 <= test["score"] <= 1.0 and 0.0 <= test["success"] <= 1.0
     assert 1.0 <= test["mean_length"] <= 4 and 0.0 <= test["ended"] <= 1.0  # tiny_cpu_webshop: 4 steps
+    assert 0.0 <= test["score_sem"] <= 0.5 / np.sqrt(2)  # scores on 0..1, 3 episodes: sem <= 0.5 / sqrt(n - 1)
     printed = {ln.split()[0]: float(ln.split()[1]) for ln in lines[:-1] if ln.strip().startswith("eval/test/")}
     assert printed["eval/test/score"] == pytest.approx(test["score"], abs=1e-4)
     assert printed["eval/test/all"] == pytest.approx(test["success"], abs=1e-4)

@@ -74,7 +74,8 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
     """Success rates of `policy` on `tasks` under `protocol`.
 
     Returns {'all', task types..., 'mean_length', 'ended', 'episodes', 'failed'} ('score' too for
-    an env with a task score; `hgpo_jax.rl.rollout.evaluate`); "verl-agent" adds 'all_std' (std over
+    an env with a task score, and under "each-once" its standard error 'score_sem';
+    `hgpo_jax.rl.rollout.evaluate`); "verl-agent" adds 'all_std' (std over
     seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.rollout.evaluate`
     (intro, projection, ...).
     """
@@ -96,6 +97,7 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
             played = result.pop("episodes")
             episodes += played
             failed += result.pop("failed")
+            result.pop("score_sem", None)  # a batch's standard error says nothing of the seeds' mean
             if played:  # a batch whose episodes all failed has no rate
                 rates.append(result)
         per_seed.append(_mean_of_batches(rates))

@@ -282,12 +282,22 @@ def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dic
         episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64))
 
 
+def mean_and_sem(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) of `values` [n]: the sample std (ddof 1) / sqrt(n);
+    (0, 0) for no values, (value, 0) for one."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return 0.0, 0.0
+    return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
+
+
 def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
              rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
              projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
     success overall ('all') and per task type, plus the number of episodes and failures, and
-    'score' (the mean episode score) for an env that has one (spec.score_key); 'mean_length' (steps
+    'score' (the mean episode score) and 'score_sem' (its standard error over the episodes, the
+    sample std / sqrt(n); 0 for a single episode) for an env that has one (spec.score_key); 'mean_length' (steps
     per episode) and 'ended' (the share of episodes the env itself ended, `done`, within
     `max_steps` rather than cut by it: a purchase in WebShop) say how the episodes went.
 
@@ -327,7 +337,7 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
                 ended.append(bool(d))
     rates = success_rates(types, won) if won else {"all": 0.0}
     if spec is not None and spec.score_key is not None:
-        rates["score"] = float(np.mean(scores)) if scores else 0.0
+        rates["score"], rates["score_sem"] = mean_and_sem(scores)
     rates.update({"mean_length": float(np.mean(lengths)) if lengths else 0.0,
                   "ended": float(np.mean(ended)) if ended else 0.0,
                   "episodes": float(len(won)), "failed": float(failed)})
