@@ -3,7 +3,7 @@
     hgpo-jax train CONFIG [key=value ...] [--resume]
         Train (CONFIG: a name from experiments/configs, or a YAML path). Metrics go to
         RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints.
-    hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N] [--json]
+    hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N] [--json] [--episodes PATH]
         Success rate (overall and per task type) under eval.protocol at eval.temperature; a
         RUN_DIR evaluates its latest checkpoint (a supervised run's is logged in RUN_DIR/eval).
     hgpo-jax sft CONFIG [key=value ...] [--resume]
@@ -28,6 +28,7 @@ Open MPI, Kubernetes). Process 0 prints and writes the metrics.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -164,7 +165,8 @@ def cmd_eval(args) -> int:
     from hgpo_jax.runs import is_run_dir, run_kind
 
     # before run_kind, which reads checkpoints with JAX
-    say = _printer(start_distributed(args, load_config(args.config, args.overrides)))
+    main = start_distributed(args, load_config(args.config, args.overrides))
+    say = _printer(main)
     overrides, resume = list(args.overrides), True
     if is_run_dir(args.config) and run_kind(args.config) == "sft":
         # a supervised run: its latest weights, evaluated (and logged) in RUN_DIR/eval
@@ -172,7 +174,7 @@ def cmd_eval(args) -> int:
                      *overrides]
         resume = False
     cfg = load_config(args.config, overrides)
-    check_eval_args(cfg, args.split, args.games)
+    check_eval_args(cfg, args.split, args.games, args.episodes)
     splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
@@ -180,10 +182,18 @@ def cmd_eval(args) -> int:
     with Trainer(cfg, resume=resume, progress=show_progress(args)) as trainer:
         say(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
             f"({how}), temperature {e.temperature}", flush=True)
-        results = {}
+        results, episodes = {}, []
         for split in splits:
-            results.update(trainer.evaluate(split, args.games or None))
+            if args.episodes:
+                rates, played = trainer.evaluate_episodes(split, args.games or None)
+                episodes += [{"split": split, **dataclasses.asdict(ep)} for ep in played]
+                results.update(rates)
+            else:
+                results.update(trainer.evaluate(split, args.games or None))
         trainer.logger.log(trainer.iteration, results)
+    if args.episodes and main:
+        write_episodes(args.episodes, episodes)
+        say(f"wrote {len(episodes)} episodes to {args.episodes}")
     for k, v in results.items():
         say(f"  {k:<60} {v:.4f}")
     if args.json:
@@ -191,9 +201,21 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def check_eval_args(cfg, split: str | None, games: int) -> None:
+def write_episodes(path: str, records: list[dict]) -> None:
+    """`eval --episodes PATH`: one JSON object per episode per line, written through a temporary
+    file and os.replace (a crash leaves the old file or the new one)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in records)
+    os.replace(tmp, path)
+
+
+def check_eval_args(cfg, split: str | None, games: int, episodes: str | None = None) -> None:
     """`eval`'s flags against the config, before anything heavy starts: --split one of the env's
-    splits, --games >= 0 and only under the each-once protocol (which plays N games)."""
+    splits, --games >= 0 and --games and --episodes only under the each-once protocol (which plays
+    N games, each once)."""
     from hgpo_jax.envs.registry import get_env
 
     splits = get_env(cfg.env.name).splits
@@ -205,6 +227,9 @@ def check_eval_args(cfg, split: str | None, games: int) -> None:
         raise ValueError(f"--games {games} counts the games of eval.protocol=each-once; this config "
                          f"evaluates under {cfg.eval.protocol!r} (eval.seeds x eval.batches x "
                          "eval.batch_size episodes): add eval.protocol=each-once, or set those keys")
+    if episodes and cfg.eval.protocol != "each-once":
+        raise ValueError(f"--episodes writes one line per game of eval.protocol=each-once; this config "
+                         f"evaluates under {cfg.eval.protocol!r}: add eval.protocol=each-once")
 
 
 def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
@@ -328,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each-once protocol: games per split (0: eval.games)")
     ev.add_argument("--json", action="store_true",
                     help="also print {split: {score, success, episodes, ...}} as the last line")
+    ev.add_argument("--episodes", metavar="PATH",
+                    help="each-once protocol: also write every episode (split, index, task, task_type, "
+                         "won, score, length, ended) to PATH as JSON lines, for paired comparisons")
     ev.add_argument("--no-progress", action="store_true")
     _add_dist_flags(ev)
     ev.set_defaults(func=cmd_eval)

@@ -11,7 +11,8 @@ from hgpo_jax.envs.pool import EnvPool, EnvReply
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
-from hgpo_jax.rl.rollout import Policy, collect_rollouts, default_spec, evaluate, mean_and_sem
+from hgpo_jax.rl.rollout import (Policy, collect_rollouts, default_spec, evaluate, mean_and_sem,
+                                 play_each_once, summarize_episodes)
 from hgpo_jax.build import resolve_model_path
 from toy_policies import Out, ScriptedToyPolicy
 
@@ -242,6 +243,20 @@ def test_evaluate_reports_the_score_and_its_standard_error(tiny):
     with toy_pool(4) as pool:
         result = evaluate(policy, pool, list(range(6)), max_steps=10, spec=scored)
     assert result["score"] == 1.0 and result["score_sem"] == 0.0  # every episode won: no spread
+
+
+def test_play_each_once_keeps_every_episode_in_task_order(tiny):
+    model, tok = tiny
+    policy = scripted_policy(model, tok, temperature=0.4)
+    tasks = [5, 1, 4, 0, 2, 3]
+    with toy_pool(4) as pool:  # two chunks, the second padded with its last task
+        episodes, failed = play_each_once(policy, pool, tasks, max_steps=10)
+    assert failed == 0
+    assert [e.index for e in episodes] == list(range(6)) and [e.task for e in episodes] == tasks
+    assert all(e.won and e.ended and e.score == 0.0 for e in episodes)
+    assert [e.length for e in episodes] == [3 + t % 3 for t in tasks]  # the toy's task t takes 3 + t % 3 steps
+    assert summarize_episodes(episodes, failed) == {"memory": 1.0, "all": 1.0, "mean_length": 4.0,
+                                                    "ended": 1.0, "episodes": 6.0, "failed": 0.0}
 
 
 def test_mean_and_sem():

@@ -91,11 +91,35 @@ def test_webshop_train_and_eval_via_the_cli(tmp_path, capsys):
     printed = {ln.split()[0]: float(ln.split()[1]) for ln in lines[:-1] if ln.strip().startswith("eval/test/")}
     assert printed["eval/test/score"] == pytest.approx(test["score"], abs=1e-4)
     assert printed["eval/test/all"] == pytest.approx(test["success"], abs=1e-4)
+    # --episodes: one line per game played, in task order, whose scores make the printed mean
+    path = tmp_path / "episodes.jsonl"
+    assert cli_main(["eval", str(run), "--split", "test", "--games", "3", "eval.protocol=each-once",
+                     "--episodes", str(path), "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["test"]
+    episodes = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["index"] for e in episodes] == [0, 1, 2] and {e["split"] for e in episodes} == {"test"}
+    assert set(episodes[0]) == {"split", "index", "task", "task_type", "won", "score", "length", "ended"}
+    assert np.mean([e["score"] for e in episodes]) == pytest.approx(result["score"], abs=1e-9)
+    assert np.mean([e["length"] for e in episodes]) == pytest.approx(result["mean_length"], abs=1e-9)
+    assert result["score_sem"] == pytest.approx(np.std([e["score"] for e in episodes], ddof=1) / np.sqrt(3))
     # an env without a task score (the toy) reports score None
     from hgpo_jax.cli import eval_json
 
     assert eval_json({"eval/valid_seen/all": 0.5, "eval/valid_seen/episodes": 4.0}, ["valid_seen"]) == {
         "valid_seen": {"score": None, "success": 0.5, "episodes": 4}}
+
+
+def test_eval_flags_are_checked_before_anything_runs():
+    from hgpo_jax.cli import check_eval_args
+
+    cfg = load_config("tiny_cpu_webshop", ["eval.protocol=verl-agent"])
+    with pytest.raises(ValueError, match="--episodes writes one line per game of eval.protocol=each-once"):
+        check_eval_args(cfg, "test", 0, "episodes.jsonl")
+    with pytest.raises(ValueError, match="--games 3 counts the games of eval.protocol=each-once"):
+        check_eval_args(cfg, "test", 3)
+    with pytest.raises(ValueError, match="--split 'nope'"):
+        check_eval_args(cfg, "nope", 0)
+    check_eval_args(load_config("tiny_cpu_webshop", ["eval.protocol=each-once"]), "test", 3, "episodes.jsonl")
 
 
 def test_resume_continues_exactly(tmp_path):

@@ -291,27 +291,37 @@ def mean_and_sem(values: Sequence[float]) -> tuple[float, float]:
     return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
 
 
-def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-             rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
-             projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
-    """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns
-    success overall ('all') and per task type, plus the number of episodes and failures, and
-    'score' (the mean episode score) and 'score_sem' (its standard error over the episodes, the
-    sample std / sqrt(n); 0 for a single episode) for an env that has one (spec.score_key); 'mean_length' (steps
-    per episode) and 'ended' (the share of episodes the env itself ended, `done`, within
-    `max_steps` rather than cut by it: a purchase in WebShop) say how the episodes went.
+@dataclasses.dataclass(frozen=True)
+class EpisodeResult:
+    """One evaluation episode: `index` of its task in the evaluated list, the task, its type, whether
+    it was won, the env's episode score (0.0 for an env without one), its steps, and whether the env
+    itself ended it (`done`) within the step limit rather than the limit cutting it."""
 
-    Use the paper's eval temperature (0.4) in `policy`. Episodes lost to env failures are
-    reported in 'failed' and left out of the rates. In a multi-process run every process calls
-    this with the same tasks and its own pool: each chunk of (pool size x processes) tasks is split
-    over the processes, and every process returns the rates of all the episodes.
-    """
+    index: int
+    task: Any
+    task_type: str
+    won: bool
+    score: float
+    length: int
+    ended: bool
+
+
+def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
+                   rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
+                   projection: str = "verl-agent", progress: bool = False
+                   ) -> tuple[list[EpisodeResult], int]:
+    """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns the
+    episodes in task order and the number of tasks whose episode an env failure lost.
+
+    In a multi-process run every process calls this with the same tasks and its own pool: each chunk
+    of (pool size x processes) tasks is split over the processes, and every process returns all the
+    episodes."""
     import jax
 
     n = env_pool.num_envs
     n_all, lo = n * jax.process_count(), n * jax.process_index()
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    won, types, scores, lengths, ended, failed = [], [], [], [], [], 0
+    played, failed = [], 0
     for start in tqdm(range(0, len(tasks), n_all), desc="evaluate", unit="batch", disable=not progress):
         chunk = list(tasks[start:start + n_all])
         real = len(chunk)
@@ -328,17 +338,35 @@ def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_l
                  batch.episode_length)]) for e in part]
         kept = {e[0] for e in episodes}
         failed += sum(1 for i in range(real) if i not in kept)
-        for i, w, t, x, steps, d in episodes:
-            if i < real:
-                won.append(bool(w))
-                types.append(t)
-                scores.append(float(x))
-                lengths.append(steps)
-                ended.append(bool(d))
-    rates = success_rates(types, won) if won else {"all": 0.0}
-    if spec is not None and spec.score_key is not None:
-        rates["score"], rates["score_sem"] = mean_and_sem(scores)
-    rates.update({"mean_length": float(np.mean(lengths)) if lengths else 0.0,
-                  "ended": float(np.mean(ended)) if ended else 0.0,
-                  "episodes": float(len(won)), "failed": float(failed)})
+        played += [EpisodeResult(start + i, chunk[i], t, bool(w), float(x), int(steps), bool(d))
+                   for i, w, t, x, steps, d in sorted(episodes, key=lambda e: e[0]) if i < real]
+    return played, failed
+
+
+def summarize_episodes(episodes: Sequence[EpisodeResult], failed: int = 0,
+                       scored: bool = False) -> dict[str, float]:
+    """The rates of evaluation episodes: success overall ('all') and per task type, 'episodes' and
+    'failed' (episodes lost to env failures, left out of the rates), 'mean_length' (steps per
+    episode), 'ended' (the share the env itself ended within the step limit: a purchase in
+    WebShop), and where `scored` (the env has a task score) 'score', the mean episode score, and
+    'score_sem', its standard error over the episodes (sample std / sqrt(n); 0 for one episode)."""
+    won = [e.won for e in episodes]
+    rates = success_rates([e.task_type for e in episodes], won) if won else {"all": 0.0}
+    if scored:
+        rates["score"], rates["score_sem"] = mean_and_sem([e.score for e in episodes])
+    rates.update({"mean_length": float(np.mean([e.length for e in episodes])) if episodes else 0.0,
+                  "ended": float(np.mean([e.ended for e in episodes])) if episodes else 0.0,
+                  "episodes": float(len(episodes)), "failed": float(failed)})
     return rates
+
+
+def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
+             rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
+             projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
+    """`summarize_episodes` of `play_each_once`: play every task once with `policy` and return
+    the rates ('score' and 'score_sem' for an env with a task score, spec.score_key).
+
+    Use the paper's eval temperature (0.4) in `policy`."""
+    episodes, failed = play_each_once(policy, env_pool, tasks, max_steps, memory_len, rng=rng,
+                                      spec=spec, intro=intro, projection=projection, progress=progress)
+    return summarize_episodes(episodes, failed, scored=spec is not None and spec.score_key is not None)

@@ -1,0 +1,42 @@
+"""experiments/paired.py: goal-by-goal comparison of two `eval --episodes` files, exact values."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from experiments import paired  # noqa: E402
+
+
+def write(path, split, scores, tasks=None):
+    tasks = tasks if tasks is not None else list(range(len(scores)))
+    with open(path, "w") as f:
+        for i, (t, x) in enumerate(zip(tasks, scores)):
+            f.write(json.dumps({"split": split, "index": i, "task": t, "task_type": "x", "won": x == 1.0,
+                                "score": x, "length": 3, "ended": True}) + "\n")
+
+
+def test_paired_difference_and_its_standard_error(tmp_path, capsys):
+    write(tmp_path / "a.jsonl", "test", [0.2, 0.5, 0.5, 1.0])
+    write(tmp_path / "b.jsonl", "test", [0.4, 0.5, 0.2, 1.0, 0.9], tasks=[0, 1, 2, 3, 99])  # goal 99 unmatched
+    out = tmp_path / "out.json"
+    assert paired.main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["paired"][str(tmp_path / "b.jsonl")]["test"]
+    d = np.array([0.2, 0.0, -0.3, 0.0])
+    assert r["goals"] == 4 and r["base"] == pytest.approx(0.55) and r["other"] == pytest.approx(0.525)
+    assert r["diff"] == pytest.approx(-0.025) and r["diff_se"] == pytest.approx(d.std(ddof=1) / 2)
+    assert r["ci95"] == pytest.approx([-0.025 - 1.96 * r["diff_se"], -0.025 + 1.96 * r["diff_se"]])
+    assert (r["higher"], r["lower"], r["same"]) == (1, 1, 2)
+    assert "-0.025 ±" in capsys.readouterr().out
+
+
+def test_a_file_that_is_not_episodes_says_where(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"split": "test", "task": 1}\n')
+    with pytest.raises(SystemExit, match="bad.jsonl:1: not an `hgpo-jax eval --episodes` line"):
+        paired.read_episodes(str(bad))
