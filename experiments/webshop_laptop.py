@@ -175,7 +175,7 @@ def stage_report(args, state: dict) -> dict:
         kept = laptop.kept_log(args.out, name)  # the earlier rounds' warm starts, evaluated
         if os.path.isfile(os.path.join(kept, "metrics.jsonl")):
             rows[label] = [last_eval(kept)]
-    return laptop.write_report(
+    done = laptop.write_report(
         args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
         caption="Task score (x 100) and success (%) on the test goals evaluated (eval.games of"
                 " 0..499, each once), temperature 0.4; the shopper: all 500 test goals.",
@@ -183,6 +183,41 @@ def stage_report(args, state: dict) -> dict:
                          "invalid": "rollout/invalid_action_rate"},
         runs_caption="RL runs: rollout task score, success and invalid-action rate over the first"
                      " and last 5 iterations", plot_metrics=("score/all",))
+    add_paired_report(args.out)
+    return done
+
+
+def add_paired_report(out: str) -> None:
+    """Where OUT/episodes/ holds the warm start's `eval --episodes` file and others' (see
+    docs/results.md section 7), append their goal-by-goal comparison with the warm start to
+    OUT/results.md and OUT/results.json ('paired')."""
+    from experiments import paired
+
+    folder = os.path.join(out, "episodes")
+    base = os.path.join(folder, "warm_start.jsonl")
+    others = sorted(f for f in os.listdir(folder) if f.endswith(".jsonl") and f != "warm_start.jsonl") \
+        if os.path.isfile(base) else []
+    if not others:
+        return
+    warm = paired.read_episodes(base)
+    results = {f[:-len(".jsonl")]: paired.paired(warm, paired.read_episodes(os.path.join(folder, f)))
+               for f in others}
+    lines = ["| policy | goals | warm start | policy | paired difference ± SE | 95% interval | "
+             "goals higher / lower / same |", "|---|---|---|---|---|---|---|"]
+    for name, by_split in results.items():
+        for r in by_split.values():
+            lines.append(f"| {name} | {r['goals']} | {r['base']:.3f} | {r['other']:.3f} | {r['diff']:+.3f} ± "
+                         f"{r['diff_se']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | {r['higher']} / "
+                         f"{r['lower']} / {r['same']} |")
+    with open(os.path.join(out, "results.md"), "a", encoding="utf-8") as f:
+        f.write("\nGoal by goal against the warm start (`hgpo-jax eval ... --episodes`, the same test goals"
+                " at 0.4; experiments/paired.py):\n\n" + "\n".join(lines) + "\n")
+    path = os.path.join(out, "results.json")
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    data["paired"] = results
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
 
 
 # ----------------------------------------------------------------------------------- the study
