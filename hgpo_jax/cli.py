@@ -202,14 +202,12 @@ def cmd_eval(args) -> int:
 
 
 def write_episodes(path: str, records: list[dict]) -> None:
-    """`eval --episodes PATH`: one JSON object per episode per line, written through a temporary
-    file and os.replace (a crash leaves the old file or the new one)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, default=str) + "\n" for r in records)
-    os.replace(tmp, path)
+    """`eval --episodes PATH`: one JSON object per episode per line, written atomically (a crash
+    leaves the old file or the new one)."""
+    from hgpo_jax.metrics import write_atomically
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomically(path, "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8"))
 
 
 def check_eval_args(cfg, split: str | None, games: int, episodes: str | None = None) -> None:

@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from hgpo_jax.metrics import write_atomically
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
 DTYPES = ("float32", "bfloat16")
@@ -651,10 +653,7 @@ def save_config(cfg: Config, path: str) -> str:
     os.makedirs(folder, exist_ok=True)
     text = (RUN_CONFIG_HEADER + "\n"
             + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False))
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomically(path, text.encode("utf-8"))
     return path
 
 

@@ -233,9 +233,10 @@ def read_metrics(run_dir: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _replace_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder: fsync, then
-    os.replace, so a reader (or a crash) sees the old file or the new one, never a mix."""
+    os.replace, so a reader (or a crash) sees the old file or the new one, never a mix. An
+    existing file keeps its permissions; a new one gets the umask's (as `open` would give it)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
@@ -243,7 +244,7 @@ def _replace_atomically(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -255,6 +256,12 @@ def _replace_atomically(path: str, data: bytes) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def truncate_metrics(run_dir: str, last_step: int) -> int:
@@ -288,7 +295,7 @@ def truncate_metrics(run_dir: str, last_step: int) -> int:
     if dropped or bad:
         for what in bad:
             warnings.warn(f"{path}: dropping {what}", stacklevel=2)
-        _replace_atomically(path, b"".join(line + b"\n" for line in kept))
+        write_atomically(path, b"".join(line + b"\n" for line in kept))
     return dropped
 
 
@@ -340,7 +347,7 @@ def truncate_tensorboard(tb_dir: str, last_step: int) -> int:
                           f"({type(e).__name__}: {e}); left as it is", stacklevel=2)
             continue
         if dropped:
-            _replace_atomically(path, b"".join(kept))
+            write_atomically(path, b"".join(kept))
             total += dropped
     return total
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hgpo_jax.metrics import write_atomically
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -68,12 +70,9 @@ def spread(items: Sequence, n: int) -> list:
 
 def save_episodes(episodes: Sequence[Episode], path: str) -> str:
     """Write episodes as JSON lines (atomically)."""
-    tmp = f"{path}.tmp{os.getpid()}"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        for ep in episodes:
-            f.write(json.dumps(dataclasses.asdict(ep)) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, "".join(json.dumps(dataclasses.asdict(ep)) + "\n"
+                                   for ep in episodes).encode("utf-8"))
     return path
 
 
