@@ -67,18 +67,21 @@ def _mean_of_batches(batch_rates: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def play_each_once_split(policy, env_pool, tasks: Sequence, *, seeds: Sequence[int] = (123, 456, 789),
-                         games: int = 0, max_steps: int = 50, memory_len: int = 2, rollout_kwargs=None,
-                         progress: bool = False):
-    """The "each-once" protocol's episodes: the first `games` of `tasks` (all for 0), each played
-    once, sampling from seeds[0]; returns ([hgpo_jax.rl.rollout.EpisodeResult] in task order, the
-    number lost to env failures). `evaluate_split` summarizes them; `hgpo-jax eval --episodes`
-    writes them out, one per goal, for paired comparisons of two policies."""
-    from hgpo_jax.rl.rollout import play_each_once
+def evaluate_each_once(policy, env_pool, tasks: Sequence, *, seeds: Sequence[int] = (123, 456, 789),
+                       games: int = 0, max_steps: int = 50, memory_len: int = 2, rollout_kwargs=None,
+                       progress: bool = False):
+    """The "each-once" protocol: the first `games` of `tasks` (all for 0), each played once,
+    sampling from seeds[0]; returns (the rates, as `evaluate_split`, [hgpo_jax.rl.rollout.
+    EpisodeResult] in task order). `hgpo-jax eval --episodes` writes the episodes out, one per
+    goal, for paired comparisons of two policies."""
+    from hgpo_jax.rl.rollout import play_each_once, summarize_episodes
 
+    kw = dict(rollout_kwargs or {})
     chosen = list(tasks[:games] if games else tasks)
-    return play_each_once(policy, env_pool, chosen, max_steps, memory_len,
-                          rng=int(seeds[0]) if seeds else 0, progress=progress, **dict(rollout_kwargs or {}))
+    episodes, failed = play_each_once(policy, env_pool, chosen, max_steps, memory_len,
+                                      rng=int(seeds[0]) if seeds else 0, progress=progress, **kw)
+    spec = kw.get("spec")
+    return summarize_episodes(episodes, failed, scored=spec is not None and spec.score_key is not None), episodes
 
 
 def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-agent",
@@ -93,15 +96,12 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
     seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.rollout.evaluate`
     (intro, projection, ...).
     """
-    from hgpo_jax.rl.rollout import evaluate, summarize_episodes
+    from hgpo_jax.rl.rollout import evaluate
 
     kw = dict(rollout_kwargs or {})
     if protocol == "each-once":
-        episodes, failed = play_each_once_split(policy, env_pool, tasks, seeds=seeds, games=games,
-                                                max_steps=max_steps, memory_len=memory_len,
-                                                rollout_kwargs=kw, progress=progress)
-        spec = kw.get("spec")
-        return summarize_episodes(episodes, failed, scored=spec is not None and spec.score_key is not None)
+        return evaluate_each_once(policy, env_pool, tasks, seeds=seeds, games=games, max_steps=max_steps,
+                                  memory_len=memory_len, rollout_kwargs=kw, progress=progress)[0]
     if protocol != "verl-agent":
         raise ValueError(f"unknown evaluation protocol {protocol!r}; use one of {EVAL_PROTOCOLS}")
     per_seed, episodes, failed = [], 0.0, 0.0

@@ -612,17 +612,15 @@ class Trainer(Run):
     def evaluate_episodes(self, split: str, games: int | None = None):
         """`evaluate` under the "each-once" protocol, keeping every episode: (the same
         {'eval/<split>/<rate>': value}, [hgpo_jax.rl.rollout.EpisodeResult] in task order)."""
-        from hgpo_jax.rl.evaluation import play_each_once_split
-        from hgpo_jax.rl.rollout import summarize_episodes
+        from hgpo_jax.rl.evaluation import evaluate_each_once
 
         e = self.cfg.eval
         if e.protocol != "each-once":
             raise ValueError(f"per-episode results need eval.protocol=each-once (each game once); this "
                              f"config evaluates under {e.protocol!r}: add eval.protocol=each-once")
-        episodes, failed = play_each_once_split(
+        rates, episodes = evaluate_each_once(
             self.policy(e.temperature), self.pool, self.env_spec.list_tasks(self.cfg.env, split),
             seeds=e.seeds, games=e.games if games is None else games, **self._eval_kwargs())
-        rates = summarize_episodes(episodes, failed, scored=self.env_spec.score_key is not None)
         return {f"eval/{split}/{k}": v for k, v in rates.items()}, episodes
 
     def _eval_kwargs(self) -> dict:
