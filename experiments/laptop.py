@@ -365,11 +365,12 @@ def run_lines(logs: dict[str, str], runs: dict,
 
 def write_report(args, state: dict, *, last_eval: Callable, table1_lines: Callable, caption: str,
                  first_last_keys: dict[str, str], runs_caption: str, rows: dict | None = None,
-                 plot_metrics: tuple[str, ...] = ()) -> dict:
+                 plot_metrics: tuple[str, ...] = (), extra_results: dict | None = None,
+                 extra_md: str = "") -> dict:
     """OUT/results.json, OUT/results.md and OUT/dynamics.png from what OUT keeps: Table 1 (`rows`
     first, then the warm start's and each estimator's evaluations, `last_eval(log)` of each, laid
     out by `table1_lines`) under `caption`, then the per-run lines (`run_lines`) under
-    `runs_caption`."""
+    `runs_caption`; a study's own `extra_results` join results.json and `extra_md` ends results.md."""
     rows = dict(rows or {})
     if has_log(args.out, "eval_warm"):
         rows["warm start (SFT)"] = [last_eval(kept_log(args.out, "eval_warm"))]
@@ -377,7 +378,8 @@ def write_report(args, state: dict, *, last_eval: Callable, table1_lines: Callab
     for est in args.estimators:
         rows[est] = [last_eval(logs[f"{est}_s{seed}"]) for seed in args.seeds if f"{est}_s{seed}" in logs]
     lines, levels, diag = run_lines(logs, state.get("rl_runs", {}), first_last_keys)
-    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state, "seeds": args.seeds}
+    results = {"table1": rows, "table5": levels, "diagnostic": diag, "state": state, "seeds": args.seeds,
+               **(extra_results or {})}
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as f:
@@ -388,6 +390,7 @@ def write_report(args, state: dict, *, last_eval: Callable, table1_lines: Callab
                     " steps (Table 5 analogue); mean |A - A_oracle| of each estimator on the run's"
                     " rollouts (the bias-vs-oracle diagnostic); wall time of training and of the"
                     " evaluation.\n\n" + "\n".join(lines) + "\n")
+        f.write(extra_md)
     plot_dynamics(args, logs, plot_metrics)
     return {"rows": list(rows)}
 

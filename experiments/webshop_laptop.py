@@ -154,7 +154,7 @@ def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
         sems = (", ".join(f"{100 * e['score_sem']:.1f}" if "score_sem" in e else "-" for e in evals)
                 if any("score_sem" in e for e in evals) else "-")
         lines.append(f"| {name} | " + " | ".join(laptop.cell([e[k] for e in evals if k in e])
-                                                 for k in ("score", "success")) + f" | {sems or '-'} |")
+                                                 for k in ("score", "success")) + f" | {sems} |")
     return lines
 
 
@@ -175,22 +175,22 @@ def stage_report(args, state: dict) -> dict:
         kept = laptop.kept_log(args.out, name)  # the earlier rounds' warm starts, evaluated
         if os.path.isfile(os.path.join(kept, "metrics.jsonl")):
             rows[label] = [last_eval(kept)]
-    done = laptop.write_report(
+    paired_results, paired_md = paired_section(args.out)
+    return laptop.write_report(
         args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
         caption="Task score (x 100) and success (%) on the test goals evaluated (eval.games of"
                 " 0..499, each once), temperature 0.4; the shopper: all 500 test goals.",
         first_last_keys={"score": "score/all", "success": "success/all",
                          "invalid": "rollout/invalid_action_rate"},
         runs_caption="RL runs: rollout task score, success and invalid-action rate over the first"
-                     " and last 5 iterations", plot_metrics=("score/all",))
-    add_paired_report(args.out)
-    return done
+                     " and last 5 iterations", plot_metrics=("score/all",),
+        extra_results=paired_results, extra_md=paired_md)
 
 
-def add_paired_report(out: str) -> None:
-    """Where OUT/episodes/ holds the warm start's `eval --episodes` file and others' (see
-    docs/results.md section 7), append their goal-by-goal comparison with the warm start to
-    OUT/results.md and OUT/results.json ('paired')."""
+def paired_section(out: str) -> tuple[dict, str]:
+    """({'paired': {policy: experiments.paired.paired results}}, its results.md table): the
+    goal-by-goal comparison with the warm start of the `eval --episodes` files in OUT/episodes/
+    (docs/results.md section 7); ({}, "") without the warm start's file or any other."""
     from experiments import paired
 
     folder = os.path.join(out, "episodes")
@@ -198,7 +198,7 @@ def add_paired_report(out: str) -> None:
     others = sorted(f for f in os.listdir(folder) if f.endswith(".jsonl") and f != "warm_start.jsonl") \
         if os.path.isfile(base) else []
     if not others:
-        return
+        return {}, ""
     warm = paired.read_episodes(base)
     results = {f[:-len(".jsonl")]: paired.paired(warm, paired.read_episodes(os.path.join(folder, f)))
                for f in others}
@@ -209,15 +209,8 @@ def add_paired_report(out: str) -> None:
             lines.append(f"| {name} | {r['goals']} | {r['base']:.3f} | {r['other']:.3f} | {r['diff']:+.3f} ± "
                          f"{r['diff_se']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | {r['higher']} / "
                          f"{r['lower']} / {r['same']} |")
-    with open(os.path.join(out, "results.md"), "a", encoding="utf-8") as f:
-        f.write("\nGoal by goal against the warm start (`hgpo-jax eval ... --episodes`, the same test goals"
-                " at 0.4; experiments/paired.py):\n\n" + "\n".join(lines) + "\n")
-    path = os.path.join(out, "results.json")
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    data["paired"] = results
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+    return {"paired": results}, ("\nGoal by goal against the warm start (`hgpo-jax eval ... --episodes`, the"
+                                 " same test goals at 0.4; experiments/paired.py):\n\n" + "\n".join(lines) + "\n")
 
 
 # ----------------------------------------------------------------------------------- the study

@@ -45,14 +45,11 @@ def test_a_file_that_is_not_episodes_says_where(tmp_path):
 def test_the_webshop_report_adds_the_paired_table(tmp_path):
     from experiments import webshop_laptop
 
-    (tmp_path / "results.md").write_text("Table 1\n")
-    (tmp_path / "results.json").write_text(json.dumps({"table1": {}}))
-    webshop_laptop.add_paired_report(str(tmp_path))  # no episodes folder: nothing added
-    assert (tmp_path / "results.md").read_text() == "Table 1\n"
+    assert webshop_laptop.paired_section(str(tmp_path)) == ({}, "")  # no episodes folder: nothing added
     (tmp_path / "episodes").mkdir()
     write(tmp_path / "episodes" / "warm_start.jsonl", "test", [0.2, 0.5, 0.5, 1.0])
+    assert webshop_laptop.paired_section(str(tmp_path)) == ({}, "")  # the warm start alone: nothing to pair
     write(tmp_path / "episodes" / "hgpo_k2_s0.jsonl", "test", [0.4, 0.5, 0.2, 1.0])
-    webshop_laptop.add_paired_report(str(tmp_path))
-    assert "| hgpo_k2_s0 | 4 | 0.550 | 0.525 | -0.025 ± " in (tmp_path / "results.md").read_text()
-    data = json.loads((tmp_path / "results.json").read_text())
-    assert data["table1"] == {} and data["paired"]["hgpo_k2_s0"]["test"]["diff"] == pytest.approx(-0.025)
+    results, md = webshop_laptop.paired_section(str(tmp_path))
+    assert "| hgpo_k2_s0 | 4 | 0.550 | 0.525 | -0.025 ± " in md
+    assert list(results) == ["paired"] and results["paired"]["hgpo_k2_s0"]["test"]["diff"] == pytest.approx(-0.025)
