@@ -36,6 +36,7 @@ ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.es
               "grpo": ["algo.estimator=grpo"]}
 WARM_START = "warm_start"  # OUT/warm_start: the exported warm start (transformers folder)
 LOGS = "logs"  # OUT/logs/<name>/metrics.jsonl: what the report reads of each run
+EPISODES = "episodes"  # OUT/episodes/<name>.jsonl: each game of an evaluation (Study.keep_episodes)
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
@@ -49,7 +50,10 @@ class Study:
     one continuing from the warm start exported so far (model.path=OUT/warm_start) in run folder
     RUNS/<name>, exported to OUT/warm_start in turn. `keep_policies`: export every RL run's final
     policy to OUT/<run name> (a float32 transformers folder). `eval_overrides`: overrides of each
-    RL run's evaluation (say, the step limit the warm start is evaluated with)."""
+    RL run's evaluation (say, the step limit the warm start is evaluated with). `keep_episodes`:
+    the warm start's and every RL run's evaluation also write their episodes, one JSON line per
+    game, to OUT/episodes/<name>.jsonl (`eval --episodes`; each-once evaluations only), for a
+    goal-by-goal comparison in the report."""
 
     name: str
     sft_config: str
@@ -61,6 +65,7 @@ class Study:
     more_sft: tuple = ()
     keep_policies: bool = False
     eval_overrides: tuple = ()  # what each RL run's evaluation changes of its training config
+    keep_episodes: bool = False
     add_arguments: Callable = lambda parser: None
     defaults: dict = field(default_factory=dict)
 
@@ -192,10 +197,16 @@ def stage_eval_warm(study: Study, args, state: dict) -> dict:
     """The kept warm start evaluated (the SFT config's eval section; its run folder only logs)."""
     run = os.path.join(args.runs, "eval_warm")
     argv = ["eval", study.sft_config, *args.set_sft, f"model.path={warm_start_dir(args.out)}",
-            f"train.run_dir={run}", f"mesh.data={args.devices}", *args.set_eval]
+            f"train.run_dir={run}", f"mesh.data={args.devices}", *args.set_eval,
+            *episodes_flag(study, args, WARM_START)]
     seconds = run_cli(args, argv, state)
     keep_log(run, args.out, "eval_warm")
     return {"seconds": seconds}
+
+
+def episodes_flag(study: Study, args, name: str) -> list[str]:
+    """`eval`'s --episodes OUT/episodes/<name>.jsonl where the study keeps episodes, else []."""
+    return ["--episodes", os.path.join(args.out, EPISODES, f"{name}.jsonl")] if study.keep_episodes else []
 
 
 def rl_done(study: Study, args, name: str) -> bool:
@@ -214,7 +225,7 @@ def stage_rl(study: Study, args, state: dict) -> dict:
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
         train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
         eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *study.eval_overrides,
-                                *args.set_eval], state)
+                                *args.set_eval, *episodes_flag(study, args, name)], state)
         if study.keep_policies:
             run_cli(args, ["export", run, os.path.join(args.out, name), "--overwrite"], state)
         keep_log(run, args.out, f"rl_{name}")

@@ -14,13 +14,16 @@ Stages (each resumable):
 2. sft: a small Qwen2 built here (`build:webshop-<size>`, tokenizer trained on WebShop's text),
    warm-started by `hgpo-jax sft webshop_laptop_sft` on the shopper's episodes of --episodes
    train goals, exported (float32) to OUT/warm_start.
-3. eval_warm: the warm start on every test goal once, at the eval temperature 0.4.
+3. eval_warm: the warm start on the test goals once each, at the eval temperature 0.4; every
+   episode kept in OUT/episodes/warm_start.jsonl.
 4. rl: HGPO (K=2), GiGPO and GRPO from the warm start under equal compute
    (`hgpo-jax train webshop_laptop_rl`), per seed; each run evaluated as in 3 right after its
-   training and its final policy exported to OUT/<run name> (float32 transformers folder).
+   training (episodes in OUT/episodes/<run name>.jsonl) and its final policy exported to
+   OUT/<run name> (float32 transformers folder).
 5. report: OUT/results.json and OUT/results.md (WebShop's Table 1 layout: task score and
    success on the test goals, mean ± std over seeds; the Table 5 analogue; the bias-vs-oracle
-   diagnostic; wall times) and the dynamics plot OUT/dynamics.png.
+   diagnostic; wall times; each run against the warm start goal by goal) and the dynamics plot
+   OUT/dynamics.png.
 """
 
 from __future__ import annotations
@@ -193,9 +196,9 @@ def paired_section(out: str) -> tuple[dict, str]:
     (docs/results.md section 7); ({}, "") without the warm start's file or any other."""
     from experiments import paired
 
-    folder = os.path.join(out, "episodes")
-    base = os.path.join(folder, "warm_start.jsonl")
-    others = sorted(f for f in os.listdir(folder) if f.endswith(".jsonl") and f != "warm_start.jsonl") \
+    folder = os.path.join(out, laptop.EPISODES)
+    base = os.path.join(folder, f"{laptop.WARM_START}.jsonl")
+    others = sorted(f for f in os.listdir(folder) if f.endswith(".jsonl") and f != os.path.basename(base)) \
         if os.path.isfile(base) else []
     if not others:
         return {}, ""
@@ -236,7 +239,7 @@ STUDY = laptop.Study(
               # this round's turns can only be learnt by copying (write_copy_mix)
               ("sft_copy", lambda args: [*copy_mix_overrides(args), "sft.steps=600", "train.seed=3",
                                          "optim.lr=7e-4", "optim.warmup_steps=10"])),
-    keep_policies=True, add_arguments=add_arguments,
+    keep_policies=True, keep_episodes=True, add_arguments=add_arguments,
     eval_overrides=("env.max_steps=15",))  # RL rollouts stop at 8 steps (webshop_laptop_rl), evaluations at 15
 
 

@@ -54,9 +54,15 @@ def test_every_stage_runs_and_reports_with_tiny_settings(tmp_path, capsys):
     assert any(k.startswith("hierarchy/") for k in results["table5"]["hgpo_k2_s0"])
     table = (out / "results.md").read_text()
     assert "| method | score | success (%) |" in table and "| hgpo_k2 |" in table
-    run_row, = [line for line in table.splitlines() if line.startswith("| hgpo_k2_s0 |")]
+    run_row, paired_row = [line for line in table.splitlines() if line.startswith("| hgpo_k2_s0 |")]
     assert run_row.count(" -> ") == 3  # score, success and invalid rate, first vs last iterations
     assert (out / "dynamics.png").stat().st_size > 0
+    # every evaluation kept its episodes, and the report compares them goal by goal
+    warm, run = (out / laptop.EPISODES / f"{n}.jsonl" for n in (laptop.WARM_START, "hgpo_k2_s0"))
+    assert len(warm.read_text().splitlines()) == len(run.read_text().splitlines()) == 2  # eval.games=2
+    (paired,) = results["paired"]["hgpo_k2_s0"].values()
+    assert paired["goals"] == 2 and paired["higher"] + paired["lower"] + paired["same"] == 2
+    assert "Goal by goal against the warm start" in table and paired_row.startswith("| hgpo_k2_s0 | 2 |")
 
     # kept: the warm start and the RL run's final policy as transformers folders, every log
     for folder in (out / laptop.WARM_START, out / "hgpo_k2_s0"):
