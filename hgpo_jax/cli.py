@@ -206,7 +206,6 @@ def write_episodes(path: str, records: list[dict]) -> None:
     leaves the old file or the new one)."""
     from hgpo_jax.metrics import write_atomically
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, "".join(json.dumps(r, default=str) + "\n" for r in records).encode("utf-8"))
 
 

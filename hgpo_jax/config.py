@@ -649,8 +649,6 @@ def _is_saved_run_config(path: str) -> bool:
 
 def save_config(cfg: Config, path: str) -> str:
     """Write cfg as YAML (atomically); `load_config(path)` gives back an equal Config."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     text = (RUN_CONFIG_HEADER + "\n"
             + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False))
     write_atomically(path, text.encode("utf-8"))

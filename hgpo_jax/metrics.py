@@ -38,8 +38,8 @@ import math
 import numbers
 import os
 import struct
-import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -234,17 +234,23 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder: fsync, then
-    os.replace, so a reader (or a crash) sees the old file or the new one, never a mix. An
-    existing file keeps its permissions; a new one gets the umask's (as `open` would give it)."""
+    """Write `data` to `path` (its folder made if missing) through a temporary file in the same
+    folder: fsync, then os.replace, so a reader (or a crash) sees the old file or the new one,
+    never a mix. An existing file keeps its permissions; a new one gets the umask's, as `open`
+    would give it: the temporary file is opened with mode 0o666 and the kernel applies the umask
+    (`tempfile.mkstemp` would make it 0o600, and reading the umask means setting it, which races
+    with the threads that create files beside this, Orbax's among them)."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, os.stat(path).st_mode & 0o7777 if os.path.exists(path) else 0o666 & ~_umask())
+        if os.path.exists(path):
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -256,12 +262,6 @@ def write_atomically(path: str, data: bytes) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def truncate_metrics(run_dir: str, last_step: int) -> int:

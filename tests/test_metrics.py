@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from hgpo_jax.metrics import MetricsLogger, metric_series, read_metrics
+from hgpo_jax.metrics import MetricsLogger, metric_series, read_metrics, write_atomically
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -184,3 +184,18 @@ def test_plot_single_run_default_out_and_errors(tmp_path, capsys):
     assert "metrics.jsonl" in capsys.readouterr().err
     assert plot.default_out(["a", "b"]) == "runs_comparison.png"
     assert plot.run_label("x/run", ["x/run", "y/run"]) == "x/run"
+
+
+def test_write_atomically_new_file_in_a_new_folder_gets_the_umask_mode(tmp_path):
+    path = tmp_path / "made" / "out.jsonl"
+    old = os.umask(0o027)
+    try:
+        write_atomically(str(path), b"one\n")
+    finally:
+        os.umask(old)
+    assert path.read_bytes() == b"one\n"
+    assert path.stat().st_mode & 0o777 == 0o640  # 0o666 under umask 027, as open() would give
+    assert os.listdir(path.parent) == ["out.jsonl"]  # no temporary file left
+    os.chmod(path, 0o600)
+    write_atomically(str(path), b"two\n")  # an existing file keeps its mode
+    assert path.read_bytes() == b"two\n" and path.stat().st_mode & 0o777 == 0o600

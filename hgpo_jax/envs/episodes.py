@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -70,7 +69,6 @@ def spread(items: Sequence, n: int) -> list:
 
 def save_episodes(episodes: Sequence[Episode], path: str) -> str:
     """Write episodes as JSON lines (atomically)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, "".join(json.dumps(dataclasses.asdict(ep)) + "\n"
                                    for ep in episodes).encode("utf-8"))
     return path
