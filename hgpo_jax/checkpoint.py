@@ -15,6 +15,7 @@ a warning naming it, and the next older one is tried.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import warnings
@@ -25,6 +26,26 @@ import orbax.checkpoint as ocp
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint could be restored."""
+
+
+def _first_line(error: Exception, limit: int = 160) -> str:
+    """An exception's message cut to its first line and `limit` characters."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    """absl's WARNING lines silenced inside (Orbax announces a read-only manager with two)."""
+    import logging
+
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _abstract(tree):
@@ -43,22 +64,28 @@ def _items(state: dict, make) -> dict:
 
 
 class Checkpointer:
-    """Keep the last `keep` checkpoints of a run under `directory`."""
+    """Keep the last `keep` checkpoints of a run under `directory`. `read_only`: a reader that
+    creates, writes and deletes nothing (the folder need not exist: then there are no steps)."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, read_only: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = os.path.abspath(os.fspath(directory))
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=False))
+        self.read_only = read_only
+        with _quiet_absl():  # a reader is announced by two absl warnings
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                                     read_only=read_only,
+                                                     enable_async_checkpointing=False))
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, state: dict, meta: dict) -> None:
         """Write checkpoint `step` (blocking; atomic)."""
+        if self.read_only:
+            raise RuntimeError(f"{self.directory}: a read-only Checkpointer cannot save")
         self._manager.save(step, args=ocp.args.Composite(
             **_items(state, ocp.args.StandardSave), meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
@@ -96,12 +123,14 @@ class Checkpointer:
                 # them here rather than at some later garbage collection ("Event loop is closed")
                 e.__traceback__ = None
                 gc.collect()
-                errors.append(f"step {step}: {type(e).__name__}: {e}")
-                warnings.warn(f"checkpoint {self.directory}/{step} is corrupt or partial and was "
-                              f"skipped ({type(e).__name__}: {str(e)[:200]}); trying an older one",
-                              stacklevel=2)
-        raise CheckpointError(f"no checkpoint under {self.directory} could be restored:\n"
-                              + "\n".join(errors))
+                errors.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
+                if step != steps[0]:
+                    warnings.warn(f"checkpoint {self.directory}/{step} is corrupt or partial, or does "
+                                  f"not fit this run ({type(e).__name__}: {_first_line(e)}); trying "
+                                  "an older one", stacklevel=2)
+        raise CheckpointError(f"no checkpoint under {self.directory} restores ({'; '.join(errors)}): "
+                              "its files are damaged, or were written for another model or algorithm "
+                              "than the run's config says")
 
     def close(self) -> None:
         self._manager.close()

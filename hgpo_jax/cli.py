@@ -38,16 +38,34 @@ DEFAULT_PROMPT = ("Your task is to: put a clean mug in coffeemachine. You are in
                   "room. What do you do next?")
 
 
+def check_model_folder(path: str) -> None:
+    """`demo --model PATH`: a Hugging Face folder (config.json) or an hgpo-jax run folder."""
+    from hgpo_jax.runs import is_run_dir
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--model {path}: the folder does not exist")
+    if not (os.path.isfile(os.path.join(path, "config.json")) or is_run_dir(path)):
+        raise FileNotFoundError(f"--model {path} is neither a Hugging Face model folder (no "
+                                "config.json) nor an hgpo-jax run folder (config.yaml and "
+                                "checkpoints/)")
+
+
 def cmd_demo(args) -> int:
     from hgpo_jax.models import load_pretrained, load_tokenizer
     from hgpo_jax.rl.sampling import generate
     from hgpo_jax.build import resolve_model_path
+    from hgpo_jax.runs import load_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
-    model_dir = resolve_model_path("tiny") if args.model is None else args.model
-    model = load_pretrained(model_dir, dtype=args.dtype, progress=show_progress(args))
-    tokenizer = load_tokenizer(model_dir)
+    if args.model is None:
+        model_dir = resolve_model_path("tiny")
+        model = load_pretrained(model_dir, dtype=args.dtype, progress=show_progress(args))
+        tokenizer = load_tokenizer(model_dir)
+    else:
+        model_dir = args.model
+        check_model_folder(model_dir)
+        model, tokenizer, _ = load_model(model_dir, dtype=args.dtype, progress=show_progress(args))
     cfg = model.config
     print(f"model: {model_dir}\n  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
           f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab {cfg.vocab_size}, "
@@ -121,14 +139,30 @@ def _printer(main: bool):
     return print if main else (lambda *a, **k: None)
 
 
+def command_config(args):
+    """The config of train, sft and eval: for a run folder (CONFIG names one) its recorded config
+    (with what its resumes changed), the folder where it lies, then the overrides; else the config
+    name or YAML path with the overrides."""
+    from hgpo_jax.config import is_run_folder, load_config, parse_override
+
+    if is_run_folder(args.config):
+        moved = [o for o in args.overrides if parse_override(o)[0] == "train.run_dir"]
+        if moved:
+            raise ValueError(f"{args.config} is a run folder: it is used where it lies; drop "
+                             f"{moved[0]} (to start a new run from it: train CONFIG "
+                             f"model.path={args.config})")
+    return load_config(args.config, args.overrides)
+
+
 def cmd_train(args) -> int:
-    from hgpo_jax.config import format_config, load_config
+    from hgpo_jax.config import format_config
     from hgpo_jax.trainers.rl import Trainer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = command_config(args)
     say = _printer(start_distributed(args, cfg))
     say(format_config(cfg), flush=True)
-    with Trainer(cfg, resume=args.resume, progress=show_progress(args)) as trainer:
+    with Trainer(cfg, resume=args.resume, progress=show_progress(args),
+                 allow_change=args.allow_change) as trainer:
         start = trainer.iteration
         if args.resume:
             say(f"resuming {trainer.run_dir} at iteration {start}", flush=True)
@@ -160,29 +194,31 @@ def report_learning(trainer) -> None:
 
 
 def cmd_eval(args) -> int:
-    from hgpo_jax.config import load_config
+    from hgpo_jax.config import is_run_folder
+    from hgpo_jax.runs import latest_checkpoint
     from hgpo_jax.trainers.rl import Trainer
-    from hgpo_jax.runs import is_run_dir, run_kind
 
-    # before run_kind, which reads checkpoints with JAX
-    main = start_distributed(args, load_config(args.config, args.overrides))
+    cfg = command_config(args)
+    main = start_distributed(args, cfg)  # before latest_checkpoint, which reads checkpoints with JAX
     say = _printer(main)
-    overrides, resume = list(args.overrides), True
-    if is_run_dir(args.config) and run_kind(args.config) == "sft":
-        # a supervised run: its latest weights, evaluated (and logged) in RUN_DIR/eval
-        overrides = [f"model.path={args.config}", f"train.run_dir={os.path.join(args.config, 'eval')}",
-                     *overrides]
-        resume = False
-    cfg = load_config(args.config, overrides)
     check_eval_args(cfg, args.split, args.games, args.episodes)
+    run = os.path.abspath(args.config) if is_run_folder(args.config) else None
+    found = latest_checkpoint(run) if run else None
+    if run and found is None:
+        raise ValueError(f"{args.config} has no checkpoint to evaluate yet; evaluate it after its "
+                         "first checkpoint (train.save_every), or evaluate its CONFIG")
+    if found:  # the run's latest weights as the model (runs.load_model reads a run folder)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=run))
     splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
            if e.protocol == "verl-agent" else "each game once")
-    with Trainer(cfg, resume=resume, progress=show_progress(args)) as trainer:
-        say(f"evaluating {cfg.name} at iteration {trainer.iteration}: protocol {e.protocol} "
-            f"({how}), temperature {e.temperature}", flush=True)
-        results, episodes = {}, []
+    what = f"{run} at {'iteration' if found[0] == 'rl' else 'step'} {found[1]}" if found else (
+        f"{cfg.name}'s model.path {cfg.model.path}")
+    say(f"evaluating {what}: protocol {e.protocol} ({how}), temperature {e.temperature}", flush=True)
+    results, episodes = {}, []
+    record = eval_record_path(run, found) if found else None
+    with Trainer(cfg, progress=show_progress(args), record=False) as trainer:
         for split in splits:
             if args.episodes:
                 rates, played = trainer.evaluate_episodes(split, args.games or None)
@@ -190,7 +226,10 @@ def cmd_eval(args) -> int:
                 results.update(rates)
             else:
                 results.update(trainer.evaluate(split, args.games or None))
-        trainer.logger.log(trainer.iteration, results)
+            if found and main:  # each split's results kept at once, beside the settings they had
+                write_eval_record(record, found, cfg, args, results)
+    if found and main:
+        say(f"recorded in {record}")
     if args.episodes and main:
         write_episodes(args.episodes, episodes)
         say(f"wrote {len(episodes)} episodes to {args.episodes}")
@@ -199,6 +238,38 @@ def cmd_eval(args) -> int:
     if args.json:
         say(json.dumps(eval_json(results, splits)))
     return 0
+
+
+EVAL_FOLDER = "eval"  # a run's evaluations: RUN_DIR/eval/<time>-<kind><step>.json and metrics.jsonl
+
+
+def eval_record_path(run_dir: str, found: tuple[str, int]) -> str:
+    """A new RUN_DIR/eval/<started>-<kind><step>[-n].json for one evaluation of a run."""
+    base = os.path.join(run_dir, EVAL_FOLDER, f"{time.strftime('%Y%m%d-%H%M%S')}-{found[0]}{found[1]}")
+    path, n = base + ".json", 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}.json"
+    return path
+
+
+def write_eval_record(path: str, found: tuple[str, int], cfg, args, results: dict) -> None:
+    """An evaluation of a run, beside the run's own record (which it never touches): `path` holds
+    the command, the checkpoint, the whole config it ran under and its results (rewritten
+    atomically as each split's come in), and RUN_DIR/eval/metrics.jsonl gets them at the
+    checkpoint's step (records of one step merge when read)."""
+    from hgpo_jax.config import config_to_dict
+    from hgpo_jax.metrics import MetricsLogger, write_atomically
+
+    record = {"run": os.path.dirname(os.path.dirname(path)), "kind": found[0], "step": found[1],
+              "time": time.time(), "split": args.split, "games": args.games,
+              "overrides": list(args.overrides), "results": results, "config": config_to_dict(cfg)}
+    write_atomically(path, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+    logger = MetricsLogger(os.path.dirname(path), tensorboard=False)
+    try:
+        logger.log(found[1], results)
+    finally:
+        logger.close()
 
 
 def write_episodes(path: str, records: list[dict]) -> None:
@@ -244,13 +315,14 @@ def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
 
 
 def cmd_sft(args) -> int:
-    from hgpo_jax.config import format_config, load_config
+    from hgpo_jax.config import format_config
     from hgpo_jax.trainers.sft import SftTrainer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = command_config(args)
     say = _printer(start_distributed(args, cfg))
     say(format_config(cfg), flush=True)
-    with SftTrainer(cfg, resume=args.resume, progress=show_progress(args)) as trainer:
+    with SftTrainer(cfg, resume=args.resume, progress=show_progress(args),
+                    allow_change=args.allow_change) as trainer:
         start = trainer.step
         info = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in trainer.data_info.items())
@@ -271,15 +343,12 @@ def cmd_sft(args) -> int:
 
 def cmd_export(args) -> int:
     from hgpo_jax.models import save_pretrained
-    from hgpo_jax.runs import is_run_dir, load_model
+    from hgpo_jax.runs import check_export_folder, is_run_dir, load_model, write_export_record
 
     if not is_run_dir(args.run_dir):
         raise FileNotFoundError(f"{args.run_dir} is not a run folder (no config.yaml and "
                                 "checkpoints/)")
-    if os.path.exists(args.out_dir) and not args.overwrite and (
-            not os.path.isdir(args.out_dir) or os.listdir(args.out_dir)):
-        raise FileExistsError(f"{args.out_dir} already exists and is not empty; pass --overwrite "
-                              "to replace it, or choose another folder")
+    check_export_folder(args.run_dir, args.out_dir, args.overwrite)
     if args.critic:
         from hgpo_jax.runs import load_run_critic
 
@@ -287,6 +356,7 @@ def cmd_export(args) -> int:
     else:
         model, tokenizer, _ = load_model(args.run_dir, progress=show_progress(args))
     out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, overwrite=args.overwrite)
+    write_export_record(out, args.run_dir, "critic" if args.critic else "policy")
     print(f"exported the latest checkpoint's {'critic' if args.critic else 'policy'} of "
           f"{args.run_dir} to {out}")
     return 0
@@ -331,7 +401,13 @@ def _add_run_command(sub, name: str, help: str, example: str, func) -> None:
     p = sub.add_parser(name, help=help)
     p.add_argument("config", help="config name (experiments/configs) or YAML path")
     p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example}")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in train.run_dir (or the run folder given as CONFIG) "
+                        "from its latest checkpoint")
+    p.add_argument("--allow-change", action="store_true",
+                   help="with --resume: let the overrides change what the run is (estimator and "
+                        "its options, optimizer, model, env, rollouts, data); the change is "
+                        "recorded in RUN_DIR/config_changes.jsonl from the restored step on")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _add_dist_flags(p)
     p.set_defaults(func=func)
@@ -359,9 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_command(sub, "sft", "supervised warm start on expert episodes or a JSONL", "sft.steps=100",
                      cmd_sft)
     ex = sub.add_parser("export", help="export a run's policy as a Hugging Face folder")
-    ex.add_argument("run_dir")
-    ex.add_argument("out_dir")
-    ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("run_dir", help="the run folder")
+    ex.add_argument("out_dir", help="a new or empty folder, never one inside a run")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier export in OUT_DIR (a folder holding only what "
+                         "hgpo-jax export wrote, listed in its hgpo_jax_export.json)")
     ex.add_argument("--no-progress", action="store_true")
     ex.add_argument("--critic", action="store_true",
                     help="export a ppo run's critic (transformers' Qwen2ForTokenClassification)")
@@ -385,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=32)
     demo.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     demo.set_defaults(func=cmd_demo)
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true",
+                             help="on an error, show the whole traceback (not one line)")
     return parser
 
 
@@ -402,13 +483,27 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if getattr(args, "multi_process", False):
             stop_process(args.command, e)
-        if not isinstance(e, (FileNotFoundError, FileExistsError, ValueError)):
+        if args.debug:
             raise
-        print(f"hgpo-jax {args.command}: error: {e}", file=sys.stderr)
+        print(f"hgpo-jax {args.command}: error: {error_line(e)}", file=sys.stderr)
         return 2
 
 
-USER_ERRORS = (FileNotFoundError, FileExistsError, ValueError)
+USER_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+               PermissionError, ValueError)
+
+
+def error_line(error: Exception) -> str:
+    """An error as the one line the CLI prints: its message (a list of problems joined with
+    '; '), prefixed by its type and followed by the --debug hint where it is no user error (one
+    the checks did not foresee)."""
+    from hgpo_jax.checkpoint import CheckpointError
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "") if lines else ""
+    if isinstance(error, (*USER_ERRORS, CheckpointError)):
+        return text or type(error).__name__
+    return f"{type(error).__name__}: {text} (run it again with --debug for the traceback)"
 COLLECTIVE_FAILURES = ("Gloo", "NCCL", "heartbeat", "Connection closed", "Connection reset",
                        "UNAVAILABLE", "DEADLINE_EXCEEDED")  # in the errors of a failed collective
 

@@ -42,18 +42,160 @@ def is_run_dir(path: str) -> bool:
 RUN_KINDS = {"rl": "an RL run", "sft": "a supervised (hgpo-jax sft) run"}
 
 
-def run_kind(run_dir: str) -> str | None:
-    """"rl" or "sft": what wrote a run folder's newest checkpoint (None: no checkpoint yet)."""
+def latest_checkpoint(run_dir: str) -> tuple[str, int] | None:
+    """(kind, step) of a run folder's newest checkpoint: kind "rl" or "sft" (what wrote it), step
+    its iteration or SFT step; None without checkpoints. Reads the checkpoint's meta alone."""
     if not os.path.isdir(os.path.join(run_dir, CHECKPOINTS)):
         return None
-    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
-        meta = ckpt.latest_meta()
+        steps, meta = ckpt.steps(), ckpt.latest_meta()
     finally:
         ckpt.close()
     if meta is None:
         return None
-    return "rl" if "iteration" in meta else "sft"
+    return ("rl" if "iteration" in meta else "sft"), steps[-1]
+
+
+def run_kind(run_dir: str) -> str | None:
+    """"rl" or "sft": what wrote a run folder's newest checkpoint (None: no checkpoint yet)."""
+    found = latest_checkpoint(run_dir)
+    return found[0] if found else None
+
+
+EXPORT_RECORD = "hgpo_jax_export.json"  # what `hgpo-jax export` wrote into a folder, and from where
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies under it (both real absolute paths)."""
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _run_under(folder: str, limit: int = 10_000) -> str | None:
+    """A run folder at or under `folder` (the first found, looking at `limit` folders at most)."""
+    for n, (here, dirs, _) in enumerate(os.walk(folder)):
+        if is_run_dir(here):
+            return here
+        if n >= limit:
+            return None
+    return None
+
+
+def check_export_folder(run_dir: str, out_dir: str, overwrite: bool) -> None:
+    """Whether `hgpo-jax export RUN_DIR OUT_DIR` may write OUT_DIR, before anything loads: a new or
+    empty folder, or with `overwrite` a folder that an earlier export wrote and nothing else
+    (its EXPORT_RECORD lists every file in it). Never a folder that is, holds or lies inside a
+    run. Raises FileExistsError / ValueError saying what to choose instead."""
+    out, run = os.path.realpath(out_dir), os.path.realpath(run_dir)
+    if _inside(out, run):
+        raise ValueError(f"{out_dir} {'is' if out == run else 'lies inside'} the run folder {run_dir}; "
+                         "export to a folder outside any run")
+    for folder in (out, *_ancestors(out)):
+        if is_run_dir(folder):
+            raise ValueError(f"{out_dir} {'is' if folder == out else 'lies inside'} the run folder "
+                             f"{folder}; export to a folder outside any run")
+    if not os.path.exists(out):
+        return
+    if not os.path.isdir(out):
+        raise FileExistsError(f"{out_dir} is a file; give a new or empty folder")
+    if not os.listdir(out):
+        return
+    held = _run_under(out)
+    if held:
+        raise ValueError(f"{out_dir} holds the run folder {held}; export to a folder outside any run")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite to "
+                              "replace an earlier export there, or choose another folder")
+    unknown = sorted(set(_files_under(out)) - set(_export_files(out)) - {EXPORT_RECORD})
+    if unknown:
+        why = ("it holds no " + EXPORT_RECORD if not os.path.isfile(os.path.join(out, EXPORT_RECORD))
+               else "it holds files no export wrote: " + ", ".join(unknown[:3]))
+        raise FileExistsError(f"{out_dir} is not an earlier export ({why}); --overwrite replaces "
+                              "only what hgpo-jax export wrote: choose a new or empty folder")
+
+
+def _ancestors(path: str) -> list[str]:
+    """The folders above an absolute path, nearest first."""
+    out = []
+    while os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
+
+
+def _files_under(folder: str) -> list[str]:
+    """Every file under `folder`, as paths relative to it."""
+    return [os.path.relpath(os.path.join(here, f), folder)
+            for here, _, files in os.walk(folder) for f in files]
+
+
+def _export_files(folder: str) -> list[str]:
+    """The files an earlier export recorded in `folder` ([] without a readable record)."""
+    try:
+        with open(os.path.join(folder, EXPORT_RECORD), encoding="utf-8") as f:
+            return list(json.load(f)["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def write_export_record(out_dir: str, run_dir: str, what: str) -> None:
+    """Record in OUT_DIR what `hgpo-jax export` wrote there (every file), from which run and
+    checkpoint, so a later `export --overwrite` knows the folder for an export."""
+    from hgpo_jax.metrics import write_atomically
+
+    found = latest_checkpoint(run_dir)
+    record = {"run": os.path.abspath(run_dir), "step": found[1] if found else None, "what": what,
+              "files": sorted(_files_under(out_dir))}
+    write_atomically(os.path.join(out_dir, EXPORT_RECORD),
+                     (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+
+
+def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool,
+                     allow_change: bool) -> dict:
+    """Whether a run of `kind` may start (or, `resume`, go on) in `run_dir`, before anything loads
+    or is written; raises ValueError / FileExistsError saying what to do instead. Returns the
+    changes a resume makes to the run's recorded config ({"section.key": (old, new)}; {} for a
+    new run): a change of what the run is (not `config.is_run_setting`) is refused unless
+    `allow_change`. `record` False (an evaluation reads the folder) checks nothing."""
+    from hgpo_jax.config import config_changes, is_run_folder, is_run_setting, load_config
+
+    if not record:
+        return {}
+    if os.path.abspath(run_dir) == os.path.abspath(cfg.model.path):
+        raise ValueError(f"model.path {cfg.model.path!r} is this run's own folder; start from "
+                         "another run or model")
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise FileExistsError(f"train.run_dir={run_dir} is a file; choose a folder")
+    if not resume:
+        ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
+        if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+            raise FileExistsError(f"{run_dir} already has checkpoints; pass --resume to "
+                                  "continue it, or choose another name=/train.run_dir=")
+        if os.path.isdir(run_dir) and os.listdir(run_dir) and not is_run_folder(run_dir):
+            found = ", ".join(sorted(os.listdir(run_dir))[:3])
+            raise FileExistsError(f"train.run_dir={run_dir} holds files no hgpo-jax run wrote "
+                                  f"({found}, ...); choose a new or empty folder")
+        return {}
+    found = latest_checkpoint(run_dir) if is_run_folder(run_dir) else None
+    if found is None:
+        raise ValueError(f"--resume: {run_dir} holds no run to resume (no config.yaml with "
+                         "checkpoints); start it without --resume, or name the run folder")
+    if found[0] != kind:
+        raise ValueError(f"{run_dir} holds {RUN_KINDS[found[0]]}, not {RUN_KINDS[kind]}; start a "
+                         f"new run from it with model.path={run_dir}")
+    last, key, unit = ((cfg.train.iterations, "train.iterations", "iterations") if kind == "rl"
+                       else (cfg.sft.steps, "sft.steps", "steps"))
+    if found[1] >= last:
+        raise ValueError(f"{run_dir} has done all {last} {unit} ({key}={last}): nothing to "
+                         f"resume; give a larger {key}= to go on")
+    changes = config_changes(load_config(run_dir), cfg)
+    what = {k: v for k, v in changes.items() if not is_run_setting(k)}
+    if what and not allow_change:
+        listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in what.items())
+        raise ValueError(f"--resume would change what the run {run_dir} is ({listed}); resume it "
+                         "as it was (hgpo-jax COMMAND RUN_DIR --resume, without those keys), or "
+                         "pass --allow-change to record the change from the restored step on")
+    return changes
 
 
 def build_optimizer(cfg, total_steps: int = 1):
@@ -111,7 +253,7 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
                                         scan_layers=cfg.model.scan_layers, **options)
     graphdef, params = nnx.split(model, nnx.Param)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
-    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
         found = ckpt.restore_latest({"params": params, "opt_state": opt_state})
     finally:
@@ -142,7 +284,7 @@ def load_run_critic(run_dir: str, progress: bool = False):
     policy, tokenizer, _ = load_model(run_dir, progress=progress)
     graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
     like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
-    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS))
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
         state, _, _ = ckpt.restore_latest(like)
     finally:
@@ -200,28 +342,16 @@ class Run:
 
     kind = "rl"
 
-    def __init__(self, cfg, *, resume: bool = False, progress: bool = True, total_updates: int = 1):
-        from hgpo_jax.config import save_config
-        from hgpo_jax.metrics import MetricsLogger
-
+    def __init__(self, cfg, *, resume: bool = False, progress: bool = True, total_updates: int = 1,
+                 record: bool = True, allow_change: bool = False):
         self.cfg = cfg
         self.main = dist.is_main()  # process 0 writes the run folder's files, metrics and progress
         self.progress = progress and self.main
         self.run_dir = cfg.run_path()
-        if os.path.abspath(self.run_dir) == os.path.abspath(cfg.model.path):
-            raise ValueError(f"model.path {cfg.model.path!r} is this run's own folder; start from "
-                             "another run or model")
-        found = run_kind(self.run_dir) if resume else None
-        if found not in (None, self.kind):
-            raise ValueError(f"{self.run_dir} holds {RUN_KINDS[found]}, not {RUN_KINDS[self.kind]}; "
-                             f"start a new run from it with model.path={self.run_dir}")
-        ckpt_dir = os.path.join(self.run_dir, CHECKPOINTS)
-        if not resume and os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-            raise FileExistsError(f"{self.run_dir} already has checkpoints; pass --resume to "
-                                  "continue it, or choose another name=/train.run_dir=")
-        if self.main:
-            os.makedirs(self.run_dir, exist_ok=True)
-            save_config(cfg, os.path.join(self.run_dir, RUN_CONFIG))
+        self.resume, self.record = resume, record
+        # every check of the folder before anything loads; nothing is written before `begin`
+        self.changes = check_run_folder(cfg, self.run_dir, self.kind, resume=resume, record=record,
+                                        allow_change=allow_change)
 
         t = cfg.train
         self.mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
@@ -237,18 +367,41 @@ class Run:
         model, self.tokenizer, self.model_dir = load_model(
             cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, self.progress,
             scan_layers=cfg.model.scan_layers, attention=cfg.model.attention)
-        if self.main:
-            with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
-                json.dump({"path": cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
         self.graphdef, params = nnx.split(model, nnx.Param)
         self.shardings = param_shardings(self.mesh, params)
         self.tx = build_optimizer(cfg, max(1, math.ceil(total_updates)))
         opt_state, self.opt_shardings = init_opt_state(self.tx, params, self.mesh)
         self.state = PolicyState(params, opt_state)
-        self.ckpt = Checkpointer(ckpt_dir, keep=t.keep_checkpoints)
-        self.logger = MetricsLogger(self.run_dir) if self.main else NullLogger()
+        # a reader until `begin` (a new run has nothing to read); the logger writes from `begin` on
+        self.ckpt = Checkpointer(os.path.join(self.run_dir, CHECKPOINTS), read_only=True)
+        self.logger = NullLogger()
         self._stop = False
+
+    def begin(self, step: int) -> None:
+        """Before the loop's first step (`step` done), after every check and load: write the
+        run's record (a new run its config, `recorded_config`, and model source; a resumed one
+        the changes its config made, in `config_changes.jsonl` from `step` on), then open the
+        metrics logger and the writing checkpointer."""
+        from hgpo_jax.config import record_config_changes, recorded_config, save_config
+        from hgpo_jax.metrics import MetricsLogger
+
+        if not self.record:
+            raise RuntimeError("this run was opened to read it (record=False): it cannot train")
+        if self.main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            if not self.resume:
+                save_config(recorded_config(self.cfg), os.path.join(self.run_dir, RUN_CONFIG))
+                with open(os.path.join(self.run_dir, MODEL_SOURCE), "w", encoding="utf-8") as f:
+                    json.dump({"path": self.cfg.model.path, "folder": os.path.abspath(self.model_dir)}, f)
+            elif self.changes:
+                record_config_changes(self.run_dir, step, self.changes)
+            self.logger = MetricsLogger(self.run_dir)
+        if jax.process_count() > 1:  # the folder exists before any process opens its checkpoints
+            dist.barrier("hgpo_jax run folder")
+        self.ckpt.close()
+        self.ckpt = Checkpointer(os.path.join(self.run_dir, CHECKPOINTS),
+                                 keep=self.cfg.train.keep_checkpoints)
 
     # ------------------------------------------------------------------ the loop's frame
     @contextlib.contextmanager

@@ -322,11 +322,13 @@ class Trainer(Run):
     `GroupAdvantages` or a `CriticAdvantages`, chosen once) -> update (critic, then policy) ->
     metrics (per-row statistics reduced over processes in one place)."""
 
-    def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg, *, resume: bool = False, progress: bool = True, record: bool = True,
+                 allow_change: bool = False):
         t, r, a = cfg.train, cfg.rollout, cfg.algo
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
-        super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates)
+        super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
+                         record=record, allow_change=allow_change)
         self._pool = None
         try:  # a failure past this point must still close the checkpointer and logger
             # whole groups per process (group statistics never need another process's envs)
@@ -572,6 +574,7 @@ class Trainer(Run):
         """Run the remaining iterations; returns the per-iteration metrics."""
         t = self.cfg.train
         history = []
+        self.begin(self.iteration)
         self.rewind_metrics(self.iteration)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=t.iterations, initial=self.iteration, unit="it",
                                           desc=f"train {self.cfg.name}", disable=not self.progress) as bar:
