@@ -80,24 +80,40 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
     return folder
 
 
+def is_built_on_use(path: str) -> bool:
+    """Whether `model.path` names a model built here on first use ('tiny', 'build:...')."""
+    return path == "tiny" or path.startswith(BUILD_PREFIX)
+
+
+def model_path_folder(path: str) -> str:
+    """The folder `resolve_model_path(path)` gives, without building or checking anything: for
+    'tiny' and 'build:<env>-<size>' its place in the cache (it may not be built yet), else `path`."""
+    from hgpo_jax.envs.data import cache_root
+
+    if path == "tiny":
+        return os.path.join(cache_root(), "tiny-qwen2")
+    if path.startswith(BUILD_PREFIX):
+        env, size = parse_build_spec(path)
+        return os.path.join(cache_root(), "models", f"{env}-{size}-v{BUILD_VERSION}")
+    return path
+
+
 def resolve_model_path(path: str) -> str:
     """A model folder (config.json + weights + tokenizer) for `model.path`:
     'tiny' -> a tiny random Qwen2 built once in the cache; 'build:<env>-<size>' -> a Qwen2 of that
     size with a tokenizer trained on the env's text, built once in the cache; anything else must
     be an existing folder."""
-    from hgpo_jax.envs.data import cache_root
-
     if path == "tiny":
         from hgpo_jax.models.tiny import build_tiny_pretrained
 
-        folder = os.path.join(cache_root(), "tiny-qwen2")
+        folder = model_path_folder(path)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             print(f"building a tiny random Qwen2 in {folder} ...", flush=True)
             build_tiny_pretrained(folder, overwrite=True)
         return folder
     if path.startswith(BUILD_PREFIX):
         env, size = parse_build_spec(path)
-        folder = os.path.join(cache_root(), "models", f"{env}-{size}-v{BUILD_VERSION}")
+        folder = model_path_folder(path)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             print(f"building {path} (tokenizer trained on the {env} env's text, random "
                   f"{size} Qwen2) in {folder} ...", flush=True)

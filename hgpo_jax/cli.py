@@ -156,10 +156,12 @@ def command_config(args):
 
 def cmd_train(args) -> int:
     from hgpo_jax.config import format_config
+    from hgpo_jax.trainers.checks import check_start
     from hgpo_jax.trainers.rl import Trainer
 
     cfg = command_config(args)
     say = _printer(start_distributed(args, cfg))
+    check_start(cfg, kind="rl", run_dir=cfg.run_path())
     say(format_config(cfg), flush=True)
     with Trainer(cfg, resume=args.resume, progress=show_progress(args),
                  allow_change=args.allow_change) as trainer:
@@ -196,12 +198,17 @@ def report_learning(trainer) -> None:
 def cmd_eval(args) -> int:
     from hgpo_jax.config import is_run_folder
     from hgpo_jax.runs import latest_checkpoint
+    from hgpo_jax.trainers.checks import check_output_file, check_start
     from hgpo_jax.trainers.rl import Trainer
 
     cfg = command_config(args)
     main = start_distributed(args, cfg)  # before latest_checkpoint, which reads checkpoints with JAX
     say = _printer(main)
     check_eval_args(cfg, args.split, args.games, args.episodes)
+    splits = [args.split] if args.split else cfg.eval.splits
+    check_start(cfg, kind="eval", run_dir=None, eval_splits=splits)
+    if args.episodes:
+        check_output_file(args.episodes, "--episodes")
     run = os.path.abspath(args.config) if is_run_folder(args.config) else None
     found = latest_checkpoint(run) if run else None
     if run and found is None:
@@ -209,7 +216,6 @@ def cmd_eval(args) -> int:
                          "first checkpoint (train.save_every), or evaluate its CONFIG")
     if found:  # the run's latest weights as the model (runs.load_model reads a run folder)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=run))
-    splits = [args.split] if args.split else cfg.eval.splits
     e = cfg.eval
     how = (f"{e.batches} batches x {e.batch_size} episodes per seed, seeds {e.seeds}"
            if e.protocol == "verl-agent" else "each game once")
@@ -316,10 +322,12 @@ def eval_json(results: dict[str, float], splits: list[str]) -> dict[str, dict]:
 
 def cmd_sft(args) -> int:
     from hgpo_jax.config import format_config
+    from hgpo_jax.trainers.checks import check_start
     from hgpo_jax.trainers.sft import SftTrainer
 
     cfg = command_config(args)
     say = _printer(start_distributed(args, cfg))
+    check_start(cfg, kind="sft", run_dir=cfg.run_path())
     say(format_config(cfg), flush=True)
     with SftTrainer(cfg, resume=args.resume, progress=show_progress(args),
                     allow_change=args.allow_change) as trainer:
@@ -329,11 +337,14 @@ def cmd_sft(args) -> int:
         say(f"supervised data: {info}", flush=True)
         if args.resume:
             say(f"resuming {trainer.run_dir} at step {start}", flush=True)
-        before = trainer.heldout_nll() if start == 0 else float("nan")
+        before = trainer.heldout_nll() if start == 0 and trainer.has_heldout else None
         history = trainer.train()
         say(f"\n{cfg.name}: steps {start + 1}..{trainer.step} (run folder {trainer.run_dir})")
         evals = [(start + i + 1, m) for i, m in enumerate(history) if "heldout/nll" in m]
-        if start == 0:
+        if not trainer.has_heldout:
+            say("  no held-out loss (sft.heldout=0): every episode is trained on"
+                + (f"; last train NLL {history[-1]['train/nll']:.4f}" if history else ""))
+        elif start == 0:
             say(f"  held-out NLL per response token: {before:.4f} before training")
         for step, m in evals:
             say(f"  step {step:>6}: train NLL {m['train/nll']:.4f}, held-out NLL {m['heldout/nll']:.4f}")

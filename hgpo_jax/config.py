@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
+import time
 import types
 import typing
 import warnings
@@ -58,6 +60,18 @@ ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a pe
                       "rows (penalty_placement='row') cannot keep")
 BASE_KEY = "base"
 RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
+RUN_CHANGES_FILE = "config_changes.jsonl"  # what later resumes changed, one JSON line per resume
+# Keys that say how a run executes, where it writes or how long it goes on, not what it learns: a
+# resume may change them (the change is recorded beside the run's config). A change of any other
+# key (the estimator and its options, the optimizer, the model, the env, the rollouts, the data)
+# changes what the run is, and a resume refuses it unless asked (`--allow-change`).
+RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
+                "train.keep_checkpoints", "train.remat", "train.micro_batch_size",
+                "train.max_tokens_per_micro_batch", "train.pad_multiple", "train.diagnostics",
+                "model.attention", "env.num_workers", "env.step_timeout", "env.reset_timeout",
+                "rollout.prefill_chunk", "sft.steps", "sft.eval_every", "sft.save_every",
+                "eval.*", "mesh.*", "dist.*")
+PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
 
 
 def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
@@ -112,7 +126,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling mass (1 = off)
     top_k: int = 0  # top-k sampling (0 = off)
     max_new_tokens: int = 512  # max response tokens per step
-    max_prompt_tokens: int = 4096  # prompts are cut to their last tokens beyond this (left truncation)
+    max_prompt_tokens: int = 4096  # prompts beyond this lose their start (left truncation; rollout/truncated_prompt_rate)
     prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 128 MiB), 0 = whole prompt (docs/sampling.md)
 
 
@@ -203,7 +217,7 @@ class SftConfig:
     episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # turns per step (micro-batches: see sft_micro_batch_size)
-    heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss
+    heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss (0 = none)
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
     # batches of turns of similar length (each padded to its own longest turn): the order is
@@ -495,8 +509,8 @@ def resolve_config_path(source: str, relative_to: str | None = None) -> str:
     A run folder means its config.yaml; a bare name, experiments/configs/{name}.yaml. Relative
     paths are tried against `relative_to` (a folder) first, then the working directory.
     """
-    if os.path.isdir(source) and os.path.isfile(os.path.join(source, RUN_CONFIG_FILE)):
-        return os.path.abspath(os.path.join(source, RUN_CONFIG_FILE))  # a run folder
+    if is_run_folder(source):
+        return os.path.abspath(os.path.join(source, RUN_CONFIG_FILE))
     looks_like_path = source.endswith((".yaml", ".yml")) or "/" in source or os.sep in source
     candidates = []
     if looks_like_path:
@@ -513,6 +527,12 @@ def resolve_config_path(source: str, relative_to: str | None = None) -> str:
     hint = _suggest(source, names) if not looks_like_path else ""
     raise ConfigError(f"config {source!r} not found (looked at {', '.join(candidates)}).{hint} "
                       f"Give a YAML path or one of: {', '.join(names) or '(none shipped)'}")
+
+
+def is_run_folder(source: str) -> bool:
+    """Whether `source` is a folder holding a run's config.yaml (a run folder, maybe without
+    checkpoints yet)."""
+    return os.path.isdir(source) and os.path.isfile(os.path.join(source, RUN_CONFIG_FILE))
 
 
 def read_yaml(path: str) -> dict:
@@ -620,6 +640,11 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
             cfg.name = os.path.splitext(os.path.basename(layers[-1][0]))[0]
         if _is_saved_run_config(layers[-1][0]) and "scan_layers" not in layers[-1][1].get("model", {}):
             cfg.model.scan_layers = False  # written before scanned layers: its checkpoints are unrolled
+        if is_run_folder(source):  # a run is where its folder is, with what its resumes changed
+            for record in read_config_changes(source):
+                apply_mapping(cfg, unflatten({k: new for k, (_, new) in record["changes"].items()}),
+                              f"{os.path.join(source, RUN_CHANGES_FILE)}: ")
+            cfg.train.run_dir = os.path.abspath(source)
     for text in overrides:
         apply_override(cfg, text)
     return cfg.validate()
@@ -653,6 +678,84 @@ def save_config(cfg: Config, path: str) -> str:
             + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False))
     write_atomically(path, text.encode("utf-8"))
     return path
+
+
+def flat_config(cfg: Config) -> dict[str, Any]:
+    """{"section.key": value} of every option ("name" at the top)."""
+    out: dict[str, Any] = {"name": cfg.name}
+    for section in SECTIONS:
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            out[f"{section}.{key}"] = value
+    return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"section.key": value} -> {"section": {"key": value}} (the inverse of flat_config)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        section, _, sub = key.partition(".")
+        if sub:
+            out.setdefault(section, {})[sub] = value
+        else:
+            out[section] = value
+    return out
+
+
+def _same_path_value(key: str, value: Any) -> Any:
+    """A path option as the absolute path of what it names, where that exists (so that the
+    relative and absolute spellings of one folder compare equal)."""
+    if key in PATH_KEYS and isinstance(value, str) and os.path.exists(value):
+        return os.path.abspath(value)
+    return value
+
+
+def recorded_config(cfg: Config) -> Config:
+    """The config as a run records it: each of PATH_KEYS that names an existing file or folder as
+    an absolute path, so that the run resumes, evaluates and exports from any working folder."""
+    flat = flat_config(cfg)
+    paths = {k: _same_path_value(k, flat[k]) for k in PATH_KEYS}
+    return apply_mapping(config_from_dict(config_to_dict(cfg)), unflatten(paths))
+
+
+def config_changes(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """{"section.key": (old value, new value)} of every option that differs (paths compared by
+    what they name; train.run_dir left out: a run is where its folder is)."""
+    a, b = flat_config(old), flat_config(new)
+    return {k: (a[k], b[k]) for k in a if k != "train.run_dir"
+            and _same_path_value(k, a[k]) != _same_path_value(k, b[k])}
+
+
+def is_run_setting(key: str) -> bool:
+    """Whether a resume may change `key` without changing what the run is (RUN_SETTINGS)."""
+    return key in RUN_SETTINGS or f"{key.partition('.')[0]}.*" in RUN_SETTINGS
+
+
+def read_config_changes(run_dir: str) -> list[dict]:
+    """The changes that resumes of a run made, oldest first: [{"step", "time", "changes":
+    {"section.key": [old, new]}}] from RUN_DIR/config_changes.jsonl ([] without it)."""
+    path = os.path.join(run_dir, RUN_CHANGES_FILE)
+    if not os.path.isfile(path):
+        return []
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{path}:{n}: not a JSON line ({e}); the run's record of its "
+                                      "config changes is damaged") from None
+    return records
+
+
+def record_config_changes(run_dir: str, step: int, changes: Mapping[str, tuple[Any, Any]]) -> None:
+    """Append one resume's changes, in effect from `step` on, to RUN_DIR/config_changes.jsonl
+    (the file is rewritten atomically: a crash leaves the old record or the new one)."""
+    path = os.path.join(run_dir, RUN_CHANGES_FILE)
+    old = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
+    line = json.dumps({"step": int(step), "time": time.time(),
+                       "changes": {k: list(v) for k, v in changes.items()}})
+    write_atomically(path, (old + line + "\n").encode("utf-8"))
 
 
 def format_config(cfg: Config) -> str:
@@ -697,6 +800,13 @@ def _env_splits(name: str) -> tuple[str, ...]:
     from hgpo_jax.envs.registry import env_names, get_env
 
     return get_env(name).splits if name in env_names() else ()
+
+
+def _env_eval_splits(name: str) -> tuple[str, ...]:
+    """The default evaluation splits of env `name` (none for an unknown env)."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    return get_env(name).eval_splits if name in env_names() else ()
 
 
 def _env_rewards(name: str) -> tuple[str, ...]:
@@ -828,6 +938,10 @@ def _semantic_problems(cfg: Config) -> list[str]:
 
     v = cfg.eval
     one_of("eval.protocol", v.protocol, allowed["protocol"])
+    if not v.splits:
+        example = ",".join(_env_eval_splits(e.name) or splits[:1])
+        p.append(f"eval.splits=[] is empty: name the splits to evaluate, e.g. eval.splits=[{example}]"
+                 + (f" (env {e.name!r} has the splits {', '.join(splits)})" if splits else ""))
     for i, s in enumerate(v.splits):
         if splits:
             one_of(f"eval.splits[{i}]", s, splits)
@@ -861,6 +975,15 @@ def _semantic_problems(cfg: Config) -> list[str]:
     at_least("sft.episodes", f.episodes, 1)
     at_least("sft.steps", f.steps, 1)
     at_least("sft.batch_size", f.batch_size, 1)
+    if f.batch_size >= 1 and t.micro_batch_size >= 1 \
+            and not sft_batch_fits(f.batch_size, t.micro_batch_size):
+        micro = _largest_divisor_at_most(f.batch_size, t.micro_batch_size)
+        below, above = _nearest_sft_batch_sizes(f.batch_size, t.micro_batch_size)
+        p.append(f"sft.batch_size={f.batch_size} runs in micro-batches of {micro} row(s) only (its "
+                 f"largest divisor <= train.micro_batch_size={t.micro_batch_size}), under half of "
+                 f"min(sft.batch_size, train.micro_batch_size) = "
+                 f"{min(f.batch_size, t.micro_batch_size)}; set sft.batch_size={below} or "
+                 f"{above} (a multiple of {t.micro_batch_size} runs {t.micro_batch_size}-row micro-batches)")
     check(0 <= f.heldout < 1, "sft.heldout", f.heldout, "in [0, 1)")
     at_least("sft.eval_every", f.eval_every, 0)
     at_least("sft.save_every", f.save_every, 0)
@@ -892,9 +1015,28 @@ def sft_micro_batch_size(cfg: Config) -> int:
     """Rows per SFT micro-batch: the largest divisor of sft.batch_size <= train.micro_batch_size.
 
     The RL paper configs use micro-batches of 32-64 step rows; an SFT step of fewer turns then runs
-    as one micro-batch instead of being rejected.
+    as one micro-batch instead of being rejected. Validation refuses an sft.batch_size whose
+    micro-batches would hold under half of min(sft.batch_size, train.micro_batch_size) rows
+    (`sft_batch_fits`: 7 with 4 would run 1-row micro-batches).
     """
     return _largest_divisor_at_most(cfg.sft.batch_size, cfg.train.micro_batch_size)
+
+
+def sft_batch_fits(batch_size: int, micro_batch_size: int) -> bool:
+    """Whether sft.batch_size runs in micro-batches of at least half of min(sft.batch_size,
+    train.micro_batch_size) rows (the micro-batch: `sft_micro_batch_size`): 6 with 4 (3-row
+    micro-batches) does, 7 with 4 (1-row micro-batches) does not."""
+    return 2 * _largest_divisor_at_most(batch_size, micro_batch_size) >= min(batch_size, micro_batch_size)
+
+
+def _nearest_sft_batch_sizes(batch_size: int, micro_batch_size: int) -> tuple[int, int]:
+    """The nearest sft.batch_size below and above `batch_size` that `sft_batch_fits` (any size up to
+    train.micro_batch_size fits, and so does any multiple of it, so both exist for a size that
+    does not fit)."""
+    below = next(n for n in range(batch_size - 1, 0, -1) if sft_batch_fits(n, micro_batch_size))
+    above = next(n for n in range(batch_size + 1, batch_size + micro_batch_size + 1)
+                 if sft_batch_fits(n, micro_batch_size))
+    return below, above
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
@@ -906,5 +1048,7 @@ __all__ = [
     "AlgoConfig", "Config", "ConfigError", "CriticConfig", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
     "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
     "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
-    "resolve_config_path", "save_config", "sft_micro_batch_size",
+    "resolve_config_path", "save_config", "sft_batch_fits", "sft_micro_batch_size", "RUN_CHANGES_FILE", "RUN_SETTINGS",
+    "config_changes", "flat_config", "is_run_folder", "is_run_setting", "read_config_changes",
+    "record_config_changes", "recorded_config", "unflatten",
 ]

@@ -81,6 +81,18 @@ def detect_launcher(environ=None) -> str | None:
     return None
 
 
+def check_coordinator(address: str) -> tuple[str, int]:
+    """(host, port) of a --coordinator HOST:PORT; ValueError naming the flag when it is not one
+    (no port, a port that is not a number or outside 1..65535, no host)."""
+    host, sep, port = address.strip().rpartition(":")
+    example = "give HOST:PORT (e.g. 10.0.0.1:1234)"
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--coordinator {address!r}: {example}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"--coordinator {address!r}: port {int(port)} is outside 1..65535; {example}")
+    return host, int(port)
+
+
 def init_distributed(args: DistributedArgs, *, heartbeat_timeout_s: int = 100,
                      init_timeout_s: int = 300) -> bool:
     """Join the job described by `args` (no-op when nothing was requested); returns whether
@@ -103,6 +115,8 @@ def init_distributed(args: DistributedArgs, *, heartbeat_timeout_s: int = 100,
     if args.process_id is not None and args.num_processes is not None \
             and not 0 <= args.process_id < args.num_processes:
         raise ValueError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
+    if args.coordinator is not None:
+        check_coordinator(args.coordinator)  # JAX's own parse fails with an IndexError
     # CPU collectives across processes (XLA's default CPU client has none); harmless on GPU/TPU
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,

@@ -176,16 +176,16 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
             raise FileExistsError(f"train.run_dir={run_dir} holds files no hgpo-jax run wrote "
                                   f"({found}, ...); choose a new or empty folder")
         return {}
-    found = latest_checkpoint(run_dir) if is_run_folder(run_dir) else None
-    if found is None:
-        raise ValueError(f"--resume: {run_dir} holds no run to resume (no config.yaml with "
-                         "checkpoints); start it without --resume, or name the run folder")
-    if found[0] != kind:
+    if not is_run_folder(run_dir):
+        raise ValueError(f"--resume: {run_dir} holds no run to resume (no config.yaml); start it "
+                         "without --resume, or name the run folder")
+    found = latest_checkpoint(run_dir)  # None: stopped before its first checkpoint (starts over)
+    if found and found[0] != kind:
         raise ValueError(f"{run_dir} holds {RUN_KINDS[found[0]]}, not {RUN_KINDS[kind]}; start a "
                          f"new run from it with model.path={run_dir}")
     last, key, unit = ((cfg.train.iterations, "train.iterations", "iterations") if kind == "rl"
                        else (cfg.sft.steps, "sft.steps", "steps"))
-    if found[1] >= last:
+    if found and found[1] >= last:
         raise ValueError(f"{run_dir} has done all {last} {unit} ({key}={last}): nothing to "
                          f"resume; give a larger {key}= to go on")
     changes = config_changes(load_config(run_dir), cfg)
@@ -224,11 +224,11 @@ def model_folder(path: str) -> str:
     """The folder whose config.json and tokenizer a model.path stands for (a run folder: the one
     its own model.path resolved to when it started)."""
     if is_run_dir(path):
-        return model_folder(_run_source(path))
+        return model_folder(run_source(path))
     return resolve_model_path(path)
 
 
-def _run_source(run_dir: str) -> str:
+def run_source(run_dir: str) -> str:
     """The model.path a run folder's weights go on: the folder its model.path resolved to when the
     run started (a build recipe may have changed since: "build:..." could resolve to another
     folder now), else its config's model.path."""
@@ -248,7 +248,7 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
 
     cfg = load_config(run_dir)
     want_scan = options.pop("scan_layers", cfg.model.scan_layers)
-    model, tokenizer, base = load_model(_run_source(run_dir), dtype or cfg.model.dtype,
+    model, tokenizer, base = load_model(run_source(run_dir), dtype or cfg.model.dtype,
                                         compute_dtype or cfg.model.compute_dtype, mesh, progress,
                                         scan_layers=cfg.model.scan_layers, **options)
     graphdef, params = nnx.split(model, nnx.Param)

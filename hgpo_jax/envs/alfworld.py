@@ -13,7 +13,7 @@ the engine's feedback as is, the reset one with its "-= Welcome to TextWorld, AL
 and actions reach the engine unchanged (as the authors' verl-agent runs them): TextWorld itself
 strips the command and answers "Nothing happens." to anything not admissible.
 
-Data: `data_dir=` argument, else `$ALFWORLD_DATA`, else the project's copy of the game files
+Data: `env.data_dir` (the `data_dir` argument), else `$ALFWORLD_DATA`, else the project's copy of the game files
 (`../shared/data/alfworld/json_2.1.1.tar.xz` beside the checkout, or `$HGPO_JAX_ALFWORLD_ARCHIVE`),
 checked against its sha256 file and unpacked once, atomically, into the cache folder
 (`$HGPO_JAX_CACHE`, default `~/.cache/hgpo_jax`).
@@ -41,7 +41,7 @@ ARCHIVE_NAME = "json_2.1.1.tar.xz"
 DATA_FOLDER = "json_2.1.1"
 
 _HOW_TO_GET_DATA = (
-    "ALFWorld game files not found. Either pass data_dir=/path (or --data-dir) to a folder that "
+    "ALFWorld game files not found. Either set env.data_dir=/path to a folder that "
     f"holds {DATA_FOLDER}/ (or its train/valid_* folders), set $ALFWORLD_DATA, or install the data "
     "with ALFWorld's own downloader: `pip install alfworld && alfworld-download` (it writes "
     f"~/.cache/alfworld; then export ALFWORLD_DATA=~/.cache/alfworld). Looked in: {{looked}}")
@@ -439,7 +439,7 @@ def _env_specs() -> dict:
     return {"alfworld": EnvSpec(
         name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=tuple(EVAL_SPLITS.values()), build_prompt=build_prompt,
-        project=project_action, record_episodes=_record_episodes)}
+        project=project_action, record_episodes=_record_episodes, episode_kinds=ALFWORLD_KINDS)}
 
 
 ENV_SPECS = _env_specs()

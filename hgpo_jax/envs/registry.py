@@ -41,7 +41,9 @@ class EnvSpec:
     train_reward), e.g. WebShop's dense "score";
     score_key: an info key holding an episode score to report beside success (None: none);
     record_episodes(env_cfg, split, n, kind, *, seed, progress) -> n recorded episodes of a
-    split for `sft` (kind "expert", or "random" where the env has it; hgpo_jax.sft.data.Episode);
+    split for `sft` (hgpo_jax.sft.data.Episode), None: the env records none;
+    episode_kinds: the kinds `record_episodes` records (`sft.data`'s KIND names, e.g. "expert",
+    "random"), checked before anything is recorded.
     """
 
     name: str
@@ -55,6 +57,7 @@ class EnvSpec:
     rewards: tuple[tuple[str, Callable[[float, dict], float]], ...] = ()
     score_key: str | None = None
     record_episodes: Callable | None = None
+    episode_kinds: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)

@@ -151,13 +151,16 @@ def _list_tasks(env_cfg, split: str) -> list[int]:
 
 
 # --------------------------------------------------------------------------- recorded episodes
+TOY_KINDS = ("expert", "random")  # the episode kinds toy_episodes records
+
+
 def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, max_steps: int = 50,
                  **env_kwargs) -> list[Episode]:
     """Toy-env episodes: kind "expert" plays its scripted solution (always wins), "random" a
     uniformly random admissible action at every step (the format without the skill)."""
     import numpy as np
 
-    if kind not in ("expert", "random"):
+    if kind not in TOY_KINDS:
         raise ValueError(f"unknown toy episode kind {kind!r}; use 'expert' or 'random'")
     env = ToyMemoryEnv(max_steps=max_steps, **env_kwargs)
     rng = np.random.default_rng(seed)
@@ -189,7 +192,7 @@ def _env_specs() -> dict:
         name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
         build_prompt=functools.partial(build_prompt, intro=TOY_INTRO), project=project_action,
-        record_episodes=_record_episodes)
+        record_episodes=_record_episodes, episode_kinds=TOY_KINDS)
         for name in ("toy", "toy-history")}
 
 

@@ -69,6 +69,9 @@ QWEN2_5_CHAT_TEMPLATE = (
     "    {{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n")
 
+# The files of a model folder any one of which `load_tokenizer` takes as its tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
 # Plain ChatML, used when a tokenizer folder ships without a chat template.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -123,6 +126,11 @@ class Tokenizer:
         self.hf.save_pretrained(out_dir)
 
 
+def has_tokenizer_files(folder: str) -> bool:
+    """Whether `folder` holds a tokenizer file `load_tokenizer` can start from (TOKENIZER_FILES)."""
+    return any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Load the tokenizer files of a local HF model folder (never downloads)."""
     from transformers import AutoTokenizer  # imported lazily: transformers is slow to import
@@ -130,8 +138,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     folder = os.fspath(path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"tokenizer folder {folder!r} does not exist")
-    if not any(os.path.isfile(os.path.join(folder, f))
-               for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+    if not has_tokenizer_files(folder):
         raise FileNotFoundError(f"{folder} holds no tokenizer files (tokenizer.json or "
                                 "tokenizer_config.json); copy them from the HF model folder")
     try:

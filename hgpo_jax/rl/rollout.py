@@ -11,13 +11,16 @@ training reward, `EnvSpec.train_reward`; the invalid-action penalty is the advan
 business). The prompt builder, projection and training reward come from the env's registry entry
 (`spec=`; default: ALFWorld's prompt with `intro` as its first sentence). The memory shows the projected
 actions. Finished envs cost no generation. An episode whose env failed in the pool (timeout, dead
-worker) is dropped from the returned rows and counted in `batch.num_failed`.
+worker) is dropped from the returned rows and counted in `batch.num_failed`. A prompt longer than
+the policy's `max_prompt_tokens` loses its start (left truncation): `rollout/truncated_prompt_rate`
+counts such prompts, and the first one in a process warns (`PromptCuts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,8 +36,49 @@ from hgpo_jax.envs.registry import EnvSpec
 def encode_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
     """The token ids a step's prompt text becomes: the tokenizer's chat template around one user
     message, cut to its last `max_prompt_tokens` tokens (left truncation, as the authors')."""
+    return encode_prompt_with_length(tokenizer, text, max_prompt_tokens)[0]
+
+
+def encode_prompt_with_length(tokenizer, text: str, max_prompt_tokens: int) -> tuple[list[int], int]:
+    """(`encode_prompt`'s token ids, the prompt's length in tokens before the cut): the prompt
+    lost its start when the length is beyond `max_prompt_tokens`."""
     ids = tokenizer.chat_prompt([{"role": "user", "content": text}])
-    return ids[-max_prompt_tokens:]
+    return ids[-max_prompt_tokens:], len(ids)
+
+
+_warned_prompt_cut = False  # the first prompt cut in this process warns; later ones are counted only
+
+
+def prompt_cut_message(max_prompt_tokens: int, longest: int) -> str:
+    """The warning of the first prompt `rollout.max_prompt_tokens` cuts (one line)."""
+    return (f"rollout.max_prompt_tokens={max_prompt_tokens} cut the start of a prompt: the longest "
+            f"prompt so far has {longest} tokens, of which the model sees the last "
+            f"{max_prompt_tokens} (the task and the oldest memory go first); raise "
+            f"rollout.max_prompt_tokens to at least {longest} or shorten the prompts "
+            "(env.memory_len), and watch rollout/truncated_prompt_rate")
+
+
+@dataclasses.dataclass
+class PromptCuts:
+    """What a policy's `encode_prompt` has done so far: prompts encoded, prompts cut to
+    `max_prompt_tokens` (left truncation) and the longest prompt seen, in tokens before any cut.
+    The first cut in a process warns once (`prompt_cut_message`)."""
+
+    prompts: int = 0
+    cut: int = 0
+    longest: int = 0
+
+    def add(self, length: int, max_prompt_tokens: int) -> None:
+        """Count one prompt of `length` tokens (before the cut)."""
+        global _warned_prompt_cut
+        self.prompts += 1
+        self.longest = max(self.longest, length)
+        if length > max_prompt_tokens:
+            self.cut += 1
+            if not _warned_prompt_cut:
+                _warned_prompt_cut = True
+                warnings.warn(prompt_cut_message(max_prompt_tokens, self.longest), UserWarning,
+                              stacklevel=3)
 
 
 @dataclasses.dataclass
@@ -49,10 +93,15 @@ class Policy:
     max_new_tokens: int = 512
     max_prompt_tokens: int = 2048
     prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
+    # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
+    prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long."""
-        return encode_prompt(self.tokenizer, text, self.max_prompt_tokens)
+        """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
+        (counted in `prompt_cuts`)."""
+        ids, length = encode_prompt_with_length(self.tokenizer, text, self.max_prompt_tokens)
+        self.prompt_cuts.add(length, self.max_prompt_tokens)
+        return ids
 
     def generate(self, prompts: list[list[int]], rng, row_ids=None):
         """Sample a reply to each prompt; row_ids: each prompt's row (its env's global index),
@@ -77,7 +126,8 @@ class RolloutBatch:
     Episode-level: episode_traj (env index), episode_won, episode_task_type, episode_length,
     each [E], for the E trajectories kept; episode_score [E] (the env's score of the episode,
     e.g. WebShop's task score; None for envs without one); num_failed episodes dropped; timing
-    in seconds.
+    in seconds; prompts: the prompts encoded, prompts_cut: those cut to the policy's
+    max_prompt_tokens (0 for a policy that does not count them).
     """
 
     task_id: np.ndarray
@@ -99,6 +149,8 @@ class RolloutBatch:
     num_failed: int
     timing: dict
     episode_score: np.ndarray | None = None
+    prompts: int = 0
+    prompts_cut: int = 0
 
     def __len__(self) -> int:
         return int(self.task_id.shape[0])
@@ -116,14 +168,15 @@ class RolloutBatch:
                 "reward": self.reward.tolist(),
                 "response_tokens": [len(r) for r in self.response_ids],
                 "num_failed": self.num_failed, "timing": dict(self.timing),
+                "prompts": self.prompts, "prompts_cut": self.prompts_cut,
                 **({"episode_score": self.episode_score.tolist()}
                    if self.episode_score is not None else {})}
 
 
 def summary_metrics(summaries: list[dict]) -> dict[str, float]:
     """Rollout metrics of the rows of several `RolloutBatch.summary()`s together (one per process):
-    success overall and per task type, invalid-action rate, lengths, failures; time/* is the
-    slowest summary's."""
+    success overall and per task type, invalid-action rate, lengths, failures, the share of
+    prompts cut to rollout.max_prompt_tokens; time/* is the slowest summary's."""
     def cat(key, dtype):
         return np.asarray([v for s in summaries for v in s[key]], dtype)
 
@@ -131,6 +184,8 @@ def summary_metrics(summaries: list[dict]) -> dict[str, float]:
     won, length = cat("episode_won", bool), cat("episode_length", np.int64)
     valid, reward = cat("valid", bool), cat("reward", np.float64)
     rows = len(valid)
+    prompts = sum(s.get("prompts", 0) for s in summaries)
+    cut = sum(s.get("prompts_cut", 0) for s in summaries)
     out = {f"success/{k}": v for k, v in success_rates(types, won).items()}
     n = max(rows, 1)
     out.update({
@@ -141,6 +196,7 @@ def summary_metrics(summaries: list[dict]) -> dict[str, float]:
         "rollout/episodes": float(len(won)),
         "rollout/failed_episodes": float(sum(s["num_failed"] for s in summaries)),
         "rollout/response_tokens": float(sum(sum(s["response_tokens"]) for s in summaries)),
+        "rollout/truncated_prompt_rate": cut / prompts if prompts else 0.0,
     })
     if any("episode_score" in s for s in summaries):
         score = cat("episode_score", np.float64)
@@ -183,6 +239,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
     if spec is None:
         spec = default_spec(intro)
+    cuts = getattr(policy, "prompt_cuts", None)  # None: a policy that does not count its cuts
+    cuts_before = (cuts.prompts, cuts.cut) if cuts is not None else (0, 0)
 
     t0 = time.perf_counter()
     replies = env_pool.reset([tasks[i // group_size] for i in range(num_envs)])
@@ -242,7 +300,10 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
                 running[i] = False
         bar.update(1)
     bar.close()
-    return _to_batch(rows, won, failed, timing, score if spec.score_key is not None else None)
+    batch = _to_batch(rows, won, failed, timing, score if spec.score_key is not None else None)
+    if cuts is not None:
+        batch.prompts, batch.prompts_cut = cuts.prompts - cuts_before[0], cuts.cut - cuts_before[1]
+    return batch
 
 
 def default_spec(intro: str = ALFWORLD_INTRO) -> EnvSpec:

@@ -82,6 +82,40 @@ def read_jsonl_turns(path: str) -> list[tuple[str, str]]:
     return out
 
 
+def count_jsonl_turns(path: str) -> int:
+    """The turns a JSONL file of `read_jsonl_turns` holds (its non-blank lines), without parsing."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+MORE_EPISODES = "record more episodes (a larger sft.episodes, or KIND:N counts in sft.data)"
+MORE_TURNS = "add turns to the JSONL file"
+
+
+def heldout_count(heldout: float, total: int) -> int:
+    """How many of `total` episodes (or turns) `sft.heldout` holds out: round(heldout x total)."""
+    return int(round(heldout * total))
+
+
+def heldout_problem(heldout: float, total: int, what: str, more: str) -> str | None:
+    """Why `sft.heldout` cannot split `total` `what` ("episodes", "turns") into a held-out and a
+    training part (one line with the fix; `more`: how to get more of them, MORE_EPISODES or
+    MORE_TURNS), or None when it can.
+    sft.heldout=0 (no held-out loss) always can, given one item to train on."""
+    if total <= 0:
+        return f"there are no {what} to train on: {more}"
+    held = heldout_count(heldout, total)
+    if heldout > 0 and held == 0:
+        larger = f", a larger sft.heldout (above {0.5 / total:.3g})" if total >= 2 else ""
+        return (f"sft.heldout={heldout:g} of {total} {what} holds out none (round({heldout:g} x "
+                f"{total}) = 0), so there would be no held-out loss: {more}{larger}, or "
+                "sft.heldout=0 to train without a held-out loss")
+    if held >= total:
+        return (f"sft.heldout={heldout:g} of {total} {what} holds out all of them and leaves none "
+                f"to train on: {more} or lower sft.heldout")
+    return None
+
+
 def tokenize_samples(texts: Iterable[tuple[str, str]], tokenizer, max_prompt_tokens: int,
                      max_response_tokens: int | None = None) -> list[SftSample]:
     """Token ids of each (prompt, response): the rollout's prompt encoding; the response's

@@ -80,8 +80,12 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
         by_kind = {kind: spec.record_episodes(e, e.split, n, kind, seed=cfg.train.seed,
                                               progress=progress) for kind, n in sources}
         episodes = [ep for part in by_kind.values() for ep in part]
+        problem = sft_data.heldout_problem(s.heldout, len(episodes), "episodes recorded",
+                                           sft_data.MORE_EPISODES)
+        if problem:
+            raise ValueError(problem)
         order = rng.permutation(len(episodes))
-        n_held = int(round(s.heldout * len(episodes)))
+        n_held = sft_data.heldout_count(s.heldout, len(episodes))
         held = [episodes[i] for i in order[:n_held]]
         train = [episodes[i] for i in order[n_held:]]
         texts = [sft_data.samples_from_episodes(part, e.memory_len, spec.build_prompt)
@@ -95,8 +99,12 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
             raise FileNotFoundError(f"sft.data={s.data!r} is no existing JSONL file of "
                                     "{\"prompt\", \"response\"} lines")
         turns = sft_data.read_jsonl_turns(s.data)
+        problem = sft_data.heldout_problem(s.heldout, len(turns), f"turns in {s.data}",
+                                           sft_data.MORE_TURNS)
+        if problem:
+            raise ValueError(problem)
         order = rng.permutation(len(turns))
-        n_held = int(round(s.heldout * len(turns)))
+        n_held = sft_data.heldout_count(s.heldout, len(turns))
         texts = [[turns[i] for i in order[n_held:]], [turns[i] for i in order[:n_held]]]
         info = {"jsonl": s.data}
     r = cfg.rollout
@@ -105,6 +113,10 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
     if not train:
         raise ValueError("the supervised data is empty; record more episodes (sft.episodes) or "
                          "hold out fewer (sft.heldout)")
+    if s.heldout > 0 and not held:
+        raise ValueError(f"sft.heldout={s.heldout:g}: the held-out part has no turns; "
+                         f"{sft_data.MORE_EPISODES if sources else sft_data.MORE_TURNS}, raise "
+                         "sft.heldout, or set sft.heldout=0 to train without a held-out loss")
     info.update({"train_turns": len(train), "heldout_turns": len(held)})
     return train, held, info
 
@@ -114,8 +126,10 @@ class SftTrainer(Run):
 
     kind = "sft"
 
-    def __init__(self, cfg, *, resume: bool = False, progress: bool = True):
-        super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps)
+    def __init__(self, cfg, *, resume: bool = False, progress: bool = True, record: bool = True,
+                 allow_change: bool = False):
+        super().__init__(cfg, resume=resume, progress=progress, total_updates=cfg.sft.steps,
+                         record=record, allow_change=allow_change)
         try:  # a failure past this point must still close the checkpointer and logger
             s, t = cfg.sft, cfg.train
             self.micro = sft_micro_batch_size(cfg)
@@ -191,8 +205,15 @@ class SftTrainer(Run):
         p, n = jax.process_index(), batch.rows // self.procs
         return jax.tree.map(lambda x: x[p * n:(p + 1) * n], batch)
 
+    @property
+    def has_heldout(self) -> bool:
+        """Whether there is a held-out loss to compute (sft.heldout > 0; with sft.heldout=0 no
+        `heldout/nll` is computed or logged)."""
+        return bool(self.heldout_samples)
+
     def heldout_nll(self) -> float:
-        """Mean NLL per response token of the held-out turns (NaN when there are none)."""
+        """Mean NLL per response token of the held-out turns (NaN when there are none: check
+        `has_heldout` first)."""
         if not self.heldout_samples:
             return float("nan")
         mb = self.micro
@@ -213,6 +234,7 @@ class SftTrainer(Run):
         """Run the remaining steps; returns the per-step metrics."""
         s = self.cfg.sft
         history = []
+        self.begin(self.step)
         self.rewind_metrics(self.step)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}",
                                           unit="step", disable=not self.progress) as bar:
@@ -231,7 +253,8 @@ class SftTrainer(Run):
                 metrics.update({"time/step": time.perf_counter() - t0,
                                 "perf/tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
                                 "sft/epoch": self.step * s.batch_size / len(self.train_samples)})
-                if (s.eval_every and self.step % s.eval_every == 0) or self.step == s.steps:
+                if self.has_heldout and (
+                        (s.eval_every and self.step % s.eval_every == 0) or self.step == s.steps):
                     metrics["heldout/nll"] = self.heldout_nll()
                 self.logger.log(self.step, metrics)
                 history.append(metrics)

@@ -21,6 +21,7 @@ SPLITS = ("train", "test")
 TEST_GOALS = 500  # verl-agent: the first 500 goals are held out for validation
 WIN_REWARD = 10.0  # training reward of a purchase that scores 1 (the paper's)
 SCORE_KEY = "task_score"  # the info key of an episode's task score (0..1)
+WEBSHOP_KINDS = ("expert", "search", "first")  # the episode kinds _record_episodes records
 
 
 def train_reward(reward: float, info: dict) -> float:
@@ -62,7 +63,7 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     from hgpo_jax.envs.webshop.expert import InstructionShopper, title_actions
     from hgpo_jax.envs.episodes import play_episode, spread
 
-    if kind not in ("expert", "search", "first"):
+    if kind not in WEBSHOP_KINDS:
         raise ValueError(f"sft.data kind {kind!r} is not recorded for WebShop; use expert (the "
                          "target's title searched), search (the instruction's words searched) or "
                          "first (the same, opening the first affordable result)")
@@ -100,7 +101,7 @@ def _env_specs() -> dict:
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("test",), build_prompt=build_prompt, project=project,
         train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
-        record_episodes=_record_episodes)}
+        record_episodes=_record_episodes, episode_kinds=WEBSHOP_KINDS)}
 
 
 ENV_SPECS = _env_specs()

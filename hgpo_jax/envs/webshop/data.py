@@ -1,6 +1,6 @@
 """Where the WebShop data lives and how it is read.
 
-Lookup order: `data_dir=`, else `$WEBSHOP_DATA`, else the project's small set
+Lookup order: `env.data_dir` (the `data_dir` argument), else `$WEBSHOP_DATA`, else the project's small set
 (`../shared/data/webshop/webshop-small-v1.tar.xz`, or `$HGPO_JAX_WEBSHOP_ARCHIVE`), checked against
 its sha256 and unpacked once, atomically, into `$HGPO_JAX_CACHE/webshop/` (hgpo_jax.envs.data).
 
@@ -29,7 +29,7 @@ LUCENE_FILE = "lucene_top50.jsonl"
 REQUIRED_FILES = (PRODUCTS_FILE, ATTRIBUTES_FILE, NOUNS_FILE)
 
 _HOW_TO_GET_DATA = (
-    "WebShop data not found. Pass data_dir=/path (env.data_dir=... in a config) to a folder "
+    "WebShop data not found. Set env.data_dir=/path to a folder "
     f"holding {', '.join(REQUIRED_FILES)}, set $WEBSHOP_DATA, or put the project's archive "
     f"shared/data/webshop/{ARCHIVE_NAME} beside the checkout (or point "
     "$HGPO_JAX_WEBSHOP_ARCHIVE at it). Looked in: {looked}")
@@ -59,7 +59,7 @@ def unpack_archive(archive: str, dest_root: str) -> str:
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
     """The folder holding the WebShop files (see the module docstring for the lookup order)."""
     looked = []
-    for given, what in ((data_dir, "data_dir"), (os.environ.get("WEBSHOP_DATA"), "$WEBSHOP_DATA")):
+    for given, what in ((data_dir, "env.data_dir"), (os.environ.get("WEBSHOP_DATA"), "$WEBSHOP_DATA")):
         if given:
             folder = _data_folder(os.fspath(given))
             if folder:
