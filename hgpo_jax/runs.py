@@ -183,11 +183,6 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
     if found and found[0] != kind:
         raise ValueError(f"{run_dir} holds {RUN_KINDS[found[0]]}, not {RUN_KINDS[kind]}; start a "
                          f"new run from it with model.path={run_dir}")
-    last, key, unit = ((cfg.train.iterations, "train.iterations", "iterations") if kind == "rl"
-                       else (cfg.sft.steps, "sft.steps", "steps"))
-    if found and found[1] >= last:
-        raise ValueError(f"{run_dir} has done all {last} {unit} ({key}={last}): nothing to "
-                         f"resume; give a larger {key}= to go on")
     changes = config_changes(load_config(run_dir), cfg)
     what = {k: v for k, v in changes.items() if not is_run_setting(k)}
     if what and not allow_change:
@@ -378,16 +373,21 @@ class Run:
         self.logger = NullLogger()
         self._stop = False
 
-    def begin(self, step: int) -> None:
-        """Before the loop's first step (`step` done), after every check and load: write the
-        run's record (a new run its config, `recorded_config`, and model source; a resumed one
-        the changes its config made, in `config_changes.jsonl` from `step` on), then open the
-        metrics logger and the writing checkpointer."""
+    def begin(self, step: int, last: int, unit: str, key: str) -> None:
+        """Before the loop's first step, after every check and load (`step` of `last` {unit}
+        done; `key` the option that sets `last`): refuse a resumed run with nothing left to do
+        (known only here: its newest checkpoint may not have restored), then write the run's
+        record (a new run its config, `recorded_config`, and model source; a resumed one the
+        changes its config made, in `config_changes.jsonl` from `step` on) and open the metrics
+        logger and the writing checkpointer."""
         from hgpo_jax.config import record_config_changes, recorded_config, save_config
         from hgpo_jax.metrics import MetricsLogger
 
         if not self.record:
             raise RuntimeError("this run was opened to read it (record=False): it cannot train")
+        if self.resume and step >= last:
+            raise ValueError(f"{self.run_dir} has done all {last} {unit} ({key}={last}): nothing to "
+                             f"resume; give a larger {key}= to go on")
         if self.main:
             os.makedirs(self.run_dir, exist_ok=True)
             if not self.resume:

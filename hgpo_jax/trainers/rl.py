@@ -574,7 +574,7 @@ class Trainer(Run):
         """Run the remaining iterations; returns the per-iteration metrics."""
         t = self.cfg.train
         history = []
-        self.begin(self.iteration)
+        self.begin(self.iteration, t.iterations, "iterations", "train.iterations")
         self.rewind_metrics(self.iteration)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=t.iterations, initial=self.iteration, unit="it",
                                           desc=f"train {self.cfg.name}", disable=not self.progress) as bar:

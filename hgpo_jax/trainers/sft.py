@@ -234,7 +234,7 @@ class SftTrainer(Run):
         """Run the remaining steps; returns the per-step metrics."""
         s = self.cfg.sft
         history = []
-        self.begin(self.step)
+        self.begin(self.step, s.steps, "steps", "sft.steps")
         self.rewind_metrics(self.step)  # drop the old records of the steps to come
         with self.stop_on_sigterm(), tqdm(total=s.steps, initial=self.step, desc=f"sft {self.cfg.name}",
                                           unit="step", disable=not self.progress) as bar:
