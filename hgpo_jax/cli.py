@@ -1,21 +1,24 @@
 """The `hgpo-jax` command line.
 
-    hgpo-jax train CONFIG [key=value ...] [--resume]
+    hgpo-jax train CONFIG|RUN_DIR [key=value ...] [--resume [--allow-change]]
         Train (CONFIG: a name from experiments/configs, or a YAML path). Metrics go to
-        RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints.
+        RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints; `train RUN_DIR
+        --resume` goes on with a run where its folder lies (docs/training.md, "Run folders").
     hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N] [--json] [--episodes PATH]
         Success rate (overall and per task type) under eval.protocol at eval.temperature; a
-        RUN_DIR evaluates its latest checkpoint (a supervised run's is logged in RUN_DIR/eval).
+        RUN_DIR evaluates its latest checkpoint (RL or supervised) and records the evaluation in
+        RUN_DIR/eval/, never in the run's own record; a CONFIG evaluates its model.path.
     hgpo-jax sft CONFIG [key=value ...] [--resume]
         Supervised warm start (the `sft:` section) on expert episodes, random episodes (the
         reply format only) or a JSONL of {"prompt", "response"} turns; an RL run starts from it
         with model.path=RUN_DIR.
-    hgpo-jax export RUN_DIR OUT_DIR
-        The latest checkpoint's policy (RL or supervised run) as a Hugging Face folder.
+    hgpo-jax export RUN_DIR OUT_DIR [--overwrite] [--critic]
+        The latest checkpoint's policy (RL or supervised run) as a Hugging Face folder, into a new
+        or empty folder outside any run (--overwrite: replace an earlier export).
     hgpo-jax plan CONFIG [key=value ...]
         Compile the train step ahead of time for the config's mesh and print memory per device.
-    hgpo-jax demo [--model DIR] [--prompt TEXT] [--max-new-tokens N]
-        Build (or load) a Qwen2 checkpoint, greedy-decode a reply to a chat prompt with the
+    hgpo-jax demo [--model DIR|RUN_DIR] [--prompt TEXT] [--max-new-tokens N]
+        Build (or load) a Qwen2 checkpoint (a HF folder or a run's latest policy), greedy-decode a reply to a chat prompt with the
         batched sampler (`hgpo_jax.rl.sampling.generate`, temperature 0), and print it with
         timings. Without --model a tiny random Qwen2 is built locally.
 
@@ -23,6 +26,9 @@ train, eval and sft also run as one job of several processes (one per host, each
 same command; docs/multihost.md): --coordinator HOST:PORT --num-processes N --process-id I, or
 --distributed alone where jax.distributed.initialize() finds the cluster itself (SLURM, TPU pods,
 Open MPI, Kubernetes). Process 0 prints and writes the metrics.
+
+Every failure is one line (what was wrong, how to fix it) and exit code 2; --debug shows the
+traceback instead.
 """
 
 from __future__ import annotations
@@ -473,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", default=DEFAULT_PROMPT)
     demo.add_argument("--max-new-tokens", type=int, default=32)
     demo.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true",
