@@ -14,7 +14,7 @@ from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import (Policy, collect_rollouts, default_spec, evaluate, mean_and_sem,
                                  play_each_once, summarize_episodes)
 from hgpo_jax.build import resolve_model_path
-from toy_policies import Out, ScriptedToyPolicy
+from toy_policies import Out, RecordingPool, ScriptedToyPolicy
 
 
 @pytest.fixture(scope="module")
@@ -112,29 +112,6 @@ class ReplayPolicy:
         reply = self.replies[len(self.prompts) // len(prompts) - 1]
         tokens = [[ord(c) for c in reply] for _ in prompts]
         return Out(tokens, [[-0.5] * len(t) for t in tokens])
-
-
-class RecordingPool:
-    """In-process stand-in for EnvPool over toy envs; records the action strings each env gets."""
-
-    def __init__(self, num_envs, max_steps=50):
-        self.envs = [ToyMemoryEnv(max_steps=max_steps) for _ in range(num_envs)]
-        self.num_envs = num_envs
-        self.received = [[] for _ in range(num_envs)]
-
-    def reset(self, tasks):
-        replies = []
-        for env, task in zip(self.envs, tasks):
-            obs, info = env.reset(task)
-            replies.append(EnvReply(obs, 0.0, False, info))
-        return replies
-
-    def step(self, actions):
-        out = {}
-        for i, action in actions.items():
-            self.received[i].append(action)
-            out[i] = EnvReply(*self.envs[i].step(action))
-        return out
 
 
 def test_rollout_steps_projected_actions_and_keeps_the_env_reward():

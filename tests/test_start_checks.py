@@ -18,6 +18,7 @@ from hgpo_jax.trainers import checks
 from hgpo_jax.trainers.checks import (check_attention, check_output_file, check_start,
                                       check_writable_folder, splits_played)
 from hf_models import TINY_SHAPES, build_hf_model
+from toy_policies import RecordingPool
 
 MAX_POSITIONS = 512  # the test model's max_position_embeddings
 
@@ -333,30 +334,6 @@ def test_sft_batch_size_must_split_into_micro_batches_of_at_least_half():
 
 
 # ------------------------------------------------------------------------------------- 2d prompts
-class ToyPool:
-    """In-process stand-in for EnvPool over toy envs."""
-
-    def __init__(self, num_envs, max_steps):
-        from hgpo_jax.envs.toy import ToyMemoryEnv
-
-        self.envs = [ToyMemoryEnv(max_steps=max_steps) for _ in range(num_envs)]
-        self.num_envs = num_envs
-
-    def reset(self, tasks):
-        from hgpo_jax.envs.pool import EnvReply
-
-        replies = []
-        for env, task in zip(self.envs, tasks):
-            obs, info = env.reset(task)
-            replies.append(EnvReply(obs, 0.0, False, info))
-        return replies
-
-    def step(self, actions):
-        from hgpo_jax.envs.pool import EnvReply
-
-        return {i: EnvReply(*self.envs[i].step(a)) for i, a in actions.items()}
-
-
 def test_cut_prompts_are_counted_and_warned_about_once(tokenizer, monkeypatch):
     from hgpo_jax.envs.registry import get_env
     from hgpo_jax.rl import rollout
@@ -369,7 +346,7 @@ def test_cut_prompts_are_counted_and_warned_about_once(tokenizer, monkeypatch):
     def run(max_prompt_tokens):
         policy = ScriptedToyPolicy(None, tokenizer, max_prompt_tokens=max_prompt_tokens,
                                    pick_door=lambda doors: doors[0] if doors else "red")
-        batch = collect_rollouts(policy, ToyPool(2, 3), [0], group_size=2, max_steps=3, spec=spec)
+        batch = collect_rollouts(policy, RecordingPool(2, 3), [0], group_size=2, max_steps=3, spec=spec)
         return batch, policy
 
     with warnings.catch_warnings(record=True) as caught:

@@ -1,4 +1,6 @@
-"""Scripted toy-env policies shared by tests/test_rollout.py and tests/test_evaluation.py.
+"""Scripted toy-env policies shared by tests/test_rollout.py and tests/test_evaluation.py, and
+`RecordingPool`, an in-process stand-in for EnvPool over toy envs (tests/test_rollout.py,
+tests/test_start_checks.py).
 
 `ScriptedToyPolicy` reads the current observation out of each prompt and answers in the policy's
 format; `pick_door(doors) -> colour` decides at the junction (doors in the listed order).
@@ -10,6 +12,8 @@ import dataclasses
 import re
 from typing import Callable
 
+from hgpo_jax.envs.pool import EnvReply
+from hgpo_jax.envs.toy import ToyMemoryEnv
 from hgpo_jax.rl.rollout import Policy
 
 
@@ -47,3 +51,26 @@ class ScriptedToyPolicy(Policy):
                                         f"{toy_action(self.tokenizer.decode(p), self.pick_door)}</action>")
                   for p in prompts]
         return Out(tokens, [[self.logprob] * len(t) for t in tokens])
+
+
+class RecordingPool:
+    """In-process stand-in for EnvPool over toy envs; records the action strings each env gets."""
+
+    def __init__(self, num_envs, max_steps=50):
+        self.envs = [ToyMemoryEnv(max_steps=max_steps) for _ in range(num_envs)]
+        self.num_envs = num_envs
+        self.received = [[] for _ in range(num_envs)]
+
+    def reset(self, tasks):
+        replies = []
+        for env, task in zip(self.envs, tasks):
+            obs, info = env.reset(task)
+            replies.append(EnvReply(obs, 0.0, False, info))
+        return replies
+
+    def step(self, actions):
+        out = {}
+        for i, action in actions.items():
+            self.received[i].append(action)
+            out[i] = EnvReply(*self.envs[i].step(action))
+        return out
