@@ -125,13 +125,20 @@ def has_log(out: str, name: str) -> bool:
 
 
 def keep_log(run_dir: str, out: str, name: str) -> str:
-    """Copy `run_dir`'s metrics.jsonl (and config.yaml) into OUT/logs/<name>/, atomically."""
+    """Copy `run_dir`'s config.yaml and its metrics (the training's metrics.jsonl, then its
+    evaluations' eval/metrics.jsonl: `hgpo-jax eval` records there) into OUT/logs/<name>/,
+    atomically."""
     dest = kept_log(out, name)
     os.makedirs(dest, exist_ok=True)
-    for f in ("config.yaml", "metrics.jsonl"):  # metrics last: its presence marks the log kept
-        if os.path.isfile(os.path.join(run_dir, f)):
+    parts = {"config.yaml": ["config.yaml"], "metrics.jsonl": ["metrics.jsonl", "eval/metrics.jsonl"]}
+    for f, sources in parts.items():  # metrics last: its presence marks the log kept
+        found = [os.path.join(run_dir, p) for p in sources if os.path.isfile(os.path.join(run_dir, p))]
+        if found:
             tmp = os.path.join(dest, f"{f}.tmp{os.getpid()}")
-            shutil.copyfile(os.path.join(run_dir, f), tmp)
+            with open(tmp, "wb") as w:
+                for path in found:
+                    with open(path, "rb") as r:
+                        shutil.copyfileobj(r, w)
             os.replace(tmp, os.path.join(dest, f))
     if not has_log(out, name):
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl to keep: did its command finish?")

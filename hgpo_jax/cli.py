@@ -229,7 +229,11 @@ def cmd_eval(args) -> int:
         f"{cfg.name}'s model.path {cfg.model.path}")
     say(f"evaluating {what}: protocol {e.protocol} ({how}), temperature {e.temperature}", flush=True)
     results, episodes = {}, []
-    record = eval_record_path(run, found) if found else None
+    # where the evaluation is recorded: the run's eval/; a config's model, in train.run_dir/eval/
+    # unless that folder holds a run (another model: then nothing is recorded)
+    home = run or (None if is_run_folder(cfg.run_path()) else os.path.abspath(cfg.run_path()))
+    label = f"{found[0]}{found[1]}" if found else "model"
+    record = eval_record_path(home, label) if home else None
     with Trainer(cfg, progress=show_progress(args), record=False) as trainer:
         for split in splits:
             if args.episodes:
@@ -238,10 +242,11 @@ def cmd_eval(args) -> int:
                 results.update(rates)
             else:
                 results.update(trainer.evaluate(split, args.games or None))
-            if found and main:  # each split's results kept at once, beside the settings they had
+            if record and main:  # each split's results kept at once, beside the settings they had
                 write_eval_record(record, found, cfg, args, results)
-    if found and main:
-        say(f"recorded in {record}")
+    if main:
+        say(f"recorded in {record}" if record else f"not recorded: {cfg.run_path()} holds a run "
+            "(evaluate that run with hgpo-jax eval RUN_DIR)")
     if args.episodes and main:
         write_episodes(args.episodes, episodes)
         say(f"wrote {len(episodes)} episodes to {args.episodes}")
@@ -252,12 +257,13 @@ def cmd_eval(args) -> int:
     return 0
 
 
-EVAL_FOLDER = "eval"  # a run's evaluations: RUN_DIR/eval/<time>-<kind><step>.json and metrics.jsonl
+EVAL_FOLDER = "eval"  # evaluations: RUN_DIR/eval/<time>-<kind><step>.json and metrics.jsonl
 
 
-def eval_record_path(run_dir: str, found: tuple[str, int]) -> str:
-    """A new RUN_DIR/eval/<started>-<kind><step>[-n].json for one evaluation of a run."""
-    base = os.path.join(run_dir, EVAL_FOLDER, f"{time.strftime('%Y%m%d-%H%M%S')}-{found[0]}{found[1]}")
+def eval_record_path(folder: str, label: str) -> str:
+    """A new FOLDER/eval/<started>-<label>[-n].json for one evaluation (label: the checkpoint's
+    kind and step, e.g. rl12, or "model" for a config's model.path)."""
+    base = os.path.join(folder, EVAL_FOLDER, f"{time.strftime('%Y%m%d-%H%M%S')}-{label}")
     path, n = base + ".json", 1
     while os.path.exists(path):
         n += 1
@@ -265,21 +271,24 @@ def eval_record_path(run_dir: str, found: tuple[str, int]) -> str:
     return path
 
 
-def write_eval_record(path: str, found: tuple[str, int], cfg, args, results: dict) -> None:
-    """An evaluation of a run, beside the run's own record (which it never touches): `path` holds
-    the command, the checkpoint, the whole config it ran under and its results (rewritten
-    atomically as each split's come in), and RUN_DIR/eval/metrics.jsonl gets them at the
-    checkpoint's step (records of one step merge when read)."""
+def write_eval_record(path: str, found: tuple[str, int] | None, cfg, args, results: dict) -> None:
+    """An evaluation, beside a run's own record (which it never touches): `path` holds the
+    command, the checkpoint (`found`: kind and step; None for a config's model.path), the whole
+    config it ran under and its results (rewritten atomically as each split's come in), and
+    eval/metrics.jsonl gets them at the checkpoint's step (0 for a config's model; records of one
+    step merge when read)."""
     from hgpo_jax.config import config_to_dict
     from hgpo_jax.metrics import MetricsLogger, write_atomically
 
-    record = {"run": os.path.dirname(os.path.dirname(path)), "kind": found[0], "step": found[1],
+    kind, step = found or ("model", 0)
+    record = {"folder": os.path.dirname(os.path.dirname(path)), "kind": kind, "step": step,
+              "model.path": cfg.model.path,
               "time": time.time(), "split": args.split, "games": args.games,
               "overrides": list(args.overrides), "results": results, "config": config_to_dict(cfg)}
     write_atomically(path, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
     logger = MetricsLogger(os.path.dirname(path), tensorboard=False)
     try:
-        logger.log(found[1], results)
+        logger.log(step, results)
     finally:
         logger.close()
 

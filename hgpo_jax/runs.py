@@ -171,8 +171,9 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
         if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
             raise FileExistsError(f"{run_dir} already has checkpoints; pass --resume to "
                                   "continue it, or choose another name=/train.run_dir=")
-        if os.path.isdir(run_dir) and os.listdir(run_dir) and not is_run_folder(run_dir):
-            found = ", ".join(sorted(os.listdir(run_dir))[:3])
+        held = set(os.listdir(run_dir)) - {"eval"} if os.path.isdir(run_dir) else set()
+        if held and not is_run_folder(run_dir):  # eval/: evaluations of the config's model
+            found = ", ".join(sorted(held)[:3])
             raise FileExistsError(f"train.run_dir={run_dir} holds files no hgpo-jax run wrote "
                                   f"({found}, ...); choose a new or empty folder")
         return {}

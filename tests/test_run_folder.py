@@ -204,8 +204,18 @@ def test_eval_of_a_config_beside_a_run_leaves_the_run_alone(run, tmp_path, monke
     before = tree(run)
     code, out, err = run_cli(capsys, "eval", "tiny_cpu_toy", "train.run_dir=runs/toy", *EVAL_SMALL, *SMALL)
     assert code == 0, err
-    assert "evaluating tiny_cpu_toy's model.path tiny" in out
+    assert "evaluating tiny_cpu_toy's model.path tiny" in out and "not recorded: runs/toy holds a run" in out
     assert tree(run) == before
+    # a folder that holds no run records the evaluation of the config's model in its eval/, and a
+    # run may start there later
+    from hgpo_jax.runs import check_run_folder
+
+    code, out, err = run_cli(capsys, "eval", "tiny_cpu_toy", "train.run_dir=runs/fresh", *EVAL_SMALL, *SMALL)
+    assert code == 0, err
+    records = os.listdir(tmp_path / "runs" / "fresh" / "eval")
+    assert [r for r in records if r.endswith(".json")][0].endswith("-model.json") and "metrics.jsonl" in records
+    assert check_run_folder(load_config("tiny_cpu_toy", ["train.run_dir=runs/fresh"]), "runs/fresh", "rl",
+                            resume=False, record=True, allow_change=False) == {}
 
 
 # ------------------------------------------------------------------ export
