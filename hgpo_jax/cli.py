@@ -44,7 +44,7 @@ DEFAULT_PROMPT = ("Your task is to: put a clean mug in coffeemachine. You are in
                   "room. What do you do next?")
 
 
-def check_model_folder(path: str) -> None:
+def check_demo_model(path: str) -> None:
     """`demo --model PATH`: a Hugging Face folder (config.json) or an hgpo-jax run folder."""
     from hgpo_jax.runs import is_run_dir
 
@@ -57,21 +57,17 @@ def check_model_folder(path: str) -> None:
 
 
 def cmd_demo(args) -> int:
-    from hgpo_jax.models import load_pretrained, load_tokenizer
     from hgpo_jax.rl.sampling import generate
-    from hgpo_jax.build import resolve_model_path
     from hgpo_jax.runs import load_model
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: give at least 1")
-    if args.model is None:
-        model_dir = resolve_model_path("tiny")
-        model = load_pretrained(model_dir, dtype=args.dtype, progress=show_progress(args))
-        tokenizer = load_tokenizer(model_dir)
-    else:
-        model_dir = args.model
-        check_model_folder(model_dir)
-        model, tokenizer, _ = load_model(model_dir, dtype=args.dtype, progress=show_progress(args))
+    if args.model is not None:
+        check_demo_model(args.model)
+    # a run folder, a HF folder, or "tiny" (built on first use): runs.load_model takes each
+    model, tokenizer, folder = load_model(args.model or "tiny", dtype=args.dtype,
+                                          progress=show_progress(args))
+    model_dir = args.model or folder
     cfg = model.config
     print(f"model: {model_dir}\n  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
           f"heads {cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab {cfg.vocab_size}, "

@@ -57,12 +57,6 @@ def latest_checkpoint(run_dir: str) -> tuple[str, int] | None:
     return ("rl" if "iteration" in meta else "sft"), steps[-1]
 
 
-def run_kind(run_dir: str) -> str | None:
-    """"rl" or "sft": what wrote a run folder's newest checkpoint (None: no checkpoint yet)."""
-    found = latest_checkpoint(run_dir)
-    return found[0] if found else None
-
-
 EXPORT_RECORD = "hgpo_jax_export.json"  # what `hgpo-jax export` wrote into a folder, and from where
 
 
