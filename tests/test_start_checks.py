@@ -198,7 +198,7 @@ def test_sft_data_file_must_exist_and_be_a_file(model_dir, tmp_path, unchanged):
     folder = tmp_path / "turns.jsonl"
     folder.mkdir()
     with unchanged():
-        with raises(FileNotFoundError, f"sft.data={tmp_path / 'missing.jsonl'}: no such file",
+        with raises(FileNotFoundError, f"sft.data={tmp_path / 'missing.jsonl'} is no existing JSONL file",
                     "sft.data=expert"):
             check_start(config(model_dir, tmp_path, f"sft.data={tmp_path / 'missing.jsonl'}"),
                         kind="sft", run_dir=None)

@@ -190,9 +190,9 @@ def check_sft_data(cfg) -> None:
                                            sft_data.MORE_EPISODES)
     else:
         if not os.path.exists(s.data):
-            raise FileNotFoundError(f"sft.data={s.data}: no such file; give a JSONL file of "
-                                    "{\"prompt\", \"response\"} lines or episode kinds (e.g. "
-                                    "sft.data=expert)")
+            raise FileNotFoundError(f"sft.data={s.data} is no existing JSONL file; give a JSONL "
+                                    "file of {\"prompt\", \"response\"} lines or episode kinds "
+                                    "(e.g. sft.data=expert)")
         if not os.path.isfile(s.data):
             raise ValueError(f"sft.data={s.data} is a folder, not a JSONL file; give the path of "
                              "the file")
