@@ -39,25 +39,20 @@ from typing import Any
 
 import yaml
 
+from hgpo_jax.algo_specs import (AGGS, GROUP_ESTIMATORS, KL_TYPES, LEVEL_WEIGHTS, MODES,
+                                  ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, GAEOptions,
+                                  GroupOptions, LossOptions, Options, algorithm_names, algorithm_spec,
+                                  one_score_conflict)
 from hgpo_jax.metrics import write_atomically
+from hgpo_jax.problems import Problems, closest, suggest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("constant", "cosine")
-# The algorithm's option names: defined here, where configs are validated, and imported by the RL
-# core that acts on them (config sits below rl and may not import it).
-ESTIMATORS = ("grpo", "rloo", "gigpo", "hgpo")  # group-based estimators (rl.advantages)
-CRITIC_ESTIMATOR = "ppo"  # algo.estimator of a run with a critic (rl.critic)
-MODES = ("mean_std_norm", "mean_norm")  # the groups' normalization
-PENALTY_PLACEMENTS = ("row", "reward")  # where the invalid-action penalty goes
-STATS = ("verl-agent", "paper")  # which steps' returns make the group statistics
-LEVEL_WEIGHTS = ("verl-agent", "paper")  # HGPO's weights of the levels
-KL_TYPES = ("low_var_kl", "kl", "mse")  # rl.loss
-AGGS = ("token-mean", "seq-mean")  # the loss aggregation (rl.loss)
+# The algorithms' names and options are declared in `hgpo_jax.algo_specs` (below this module and
+# the RL core, which both read them); these names stay importable from here.
 EVAL_PROTOCOLS = ("verl-agent", "each-once")  # rl.evaluation
-ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a penalty on single "
-                      "rows (penalty_placement='row') cannot keep")
 BASE_KEY = "base"
 RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 RUN_CHANGES_FILE = "config_changes.jsonl"  # what later resumes changed, one JSON line per resume
@@ -72,15 +67,6 @@ RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
                 "rollout.prefill_chunk", "sft.steps", "sft.eval_every", "sft.save_every",
                 "eval.*", "mesh.*", "dist.*")
 PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
-
-
-def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
-                       base_group: bool) -> bool:
-    """Whether the options cannot hold together once a step is invalid (ONE_SCORE_CONFLICT): the
-    paper's statistics (one score per trajectory) with a penalty on the invalid rows alone, for an
-    estimator that uses episode scores (all but HGPO without its base group)."""
-    return (stats == "paper" and penalty_placement == "row" and invalid_penalty > 0
-            and (estimator != "hgpo" or bool(base_group)))
 
 
 class ConfigError(ValueError):
@@ -131,29 +117,32 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgoConfig:
-    """Advantage estimator and PPO-KL loss."""
+class AlgorithmChoice(Options):
+    """Which algorithm (first in the algo section)."""
 
     estimator: str = "hgpo"  # grpo | rloo | gigpo | hgpo | ppo (a critic and GAE: the critic section)
-    gamma: float = 0.95  # discount of the step returns R_t; ppo: GAE's gamma (verl-agent's algorithm.gamma, 1.0 in its PPO runs)
-    lam: float = 1.0  # ppo: GAE's lambda (verl's algorithm.lam)
-    K: int = 2  # hgpo: highest context depth (groups of steps sharing the last k+1 observations)
-    alpha: float = 1.0  # hgpo: level weight exponent (see level_weights)
-    mode: str = "mean_std_norm"  # group normalization: mean_std_norm | mean_norm
-    omega: float = 1.0  # gigpo: weight of the step-level term
-    eps: float = 1e-6  # added to the group std
-    invalid_penalty: float = 0.1  # subtracted for a step whose reply holds no valid action
-    penalty_placement: str = "row"  # row: the invalid row's return and score | reward: in r_t
-    stats: str = "verl-agent"  # episode statistics: verl-agent (step rows, unbiased std) | paper
-    level_weights: str = "verl-agent"  # hgpo: verl-agent ((d+2)^alpha) | paper ((d+1)^alpha)
-    base_group: bool = False  # hgpo: add the episode-level value as an item of weight 1
-    clip_low: float = 0.2  # ratio clip 1 - clip_low
-    clip_high: float = 0.2  # ratio clip 1 + clip_high
-    dual_clip: float = 3.0  # dual-clip bound for negative advantages (> 1)
-    kl_coef: float = 0.01  # weight of the KL penalty to the reference policy
-    entropy_coef: float = 0.001  # weight of the entropy bonus (verl's entropy_coeff; 0 = off)
-    kl_type: str = "low_var_kl"  # low_var_kl | kl | mse
-    loss_agg: str = "token-mean"  # token-mean | seq-mean
+
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("estimator", self.estimator, algorithm_names())
+
+    @property
+    def spec(self):
+        """The declaration of `estimator` (`hgpo_jax.algo_specs.AlgorithmSpec`)."""
+        return algorithm_spec(self.estimator)
+
+
+@dataclass
+class AlgoConfig(LossOptions, GroupOptions, GAEOptions, AlgorithmChoice):
+    """The algorithm (`estimator`, declared in `hgpo_jax.algo_specs.ALGORITHMS`) and the options
+    of every family, declared and checked there beside their fields: the returns (gamma,
+    invalid_penalty), the group estimators' (K, alpha, mode, ...), PPO's GAE (lam) and the PPO-KL
+    loss of the policy (clip_low, ..., loss_agg)."""
+
+    def _own_problems(self, p: Problems) -> None:
+        if one_score_conflict(self.estimator, self.stats, self.penalty_placement,
+                              self.invalid_penalty, self.base_group):
+            p.add(f"{p.prefix}{ONE_SCORE_CONFLICT}; set algo.penalty_placement=reward (or "
+                  "algo.invalid_penalty=0)")
 
 
 @dataclass
@@ -309,6 +298,13 @@ class Config:
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)
                              if f.name != "name"}  # type: ignore[misc]
 TOP_LEVEL_SCALARS = ("name",)
+# sections that only some algorithms read (`AlgorithmSpec.sections`)
+SECTIONS_OF_ALGORITHMS = ("critic",)
+
+
+def algo_sections(cfg: Config) -> tuple[str, ...]:
+    """The sections `cfg`'s algorithm reads besides algo (none for an unknown algorithm)."""
+    return cfg.algo.spec.sections if cfg.algo.estimator in algorithm_names() else ()
 
 
 # ------------------------------------------------------------------------------------- typing
@@ -405,19 +401,7 @@ def _coerce_float(key: str, value: Any) -> float:
     return out
 
 
-def closest(key: str, valid: Sequence[str]) -> str | None:
-    """The valid name closest to `key` (a case-insensitive match first, then difflib), or None."""
-    lower = {v.lower(): v for v in valid}
-    if key.lower() in lower:
-        return lower[key.lower()]
-    close = difflib.get_close_matches(key.lower(), list(lower), n=1, cutoff=0.5)
-    return lower[close[0]] if close else None
-
-
-def _suggest(key: str, valid: Sequence[str], prefix: str = "") -> str:
-    """' Did you mean prefix+X?' for the closest valid key, or ''."""
-    best = closest(key, valid)
-    return f" Did you mean {prefix + best!r}?" if best else ""
+_suggest = suggest  # the closest valid name, for the messages below
 
 
 def _unknown_key(key: str, valid: Sequence[str], prefix: str, where: str) -> ConfigError:
@@ -763,8 +747,8 @@ def format_config(cfg: Config) -> str:
     lines = [f"config {cfg.name}  (run dir {cfg.run_path()})"]
     width = max(map(len, SECTIONS))
     for section in SECTIONS:
-        if section == "critic" and cfg.algo.estimator != "ppo":
-            continue  # only a ppo run has a critic
+        if section in SECTIONS_OF_ALGORITHMS and section not in algo_sections(cfg):
+            continue  # e.g. only a run with a critic shows the critic section
         values = dataclasses.asdict(getattr(cfg, section))
         items = " ".join(f"{k}={_short(v)}" for k, v in values.items())
         lines.append(f"  {section:<{width}}  {items}")
@@ -787,7 +771,7 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
     from hgpo_jax.envs.registry import env_names
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
-    return {"estimator": (*ESTIMATORS, CRITIC_ESTIMATOR), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
+    return {"estimator": algorithm_names(), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
@@ -819,25 +803,10 @@ def _env_rewards(name: str) -> tuple[str, ...]:
 def _semantic_problems(cfg: Config) -> list[str]:
     """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings."""
     allowed = allowed_values()
-    p: list[str] = []
-
-    def one_of(key: str, value: Any, options: Sequence[str]) -> None:
-        if value not in options:
-            p.append(f"{key}={value!r} is not allowed; use one of {', '.join(options)}"
-                     + _suggest(str(value), options))
-
-    def check(ok: bool, key: str, value: Any, rule: str) -> None:
-        if not ok:
-            p.append(f"{key}={value!r}: must be {rule}")
-
-    def at_least(key: str, value: Any, low: float) -> None:
-        check(value >= low, key, value, f">= {low:g}")
-
-    def positive(key: str, value: Any) -> None:
-        check(value > 0 and math.isfinite(value), key, value, "a finite number > 0")
-
-    def finite(key: str, value: float) -> None:
-        check(math.isfinite(value), key, value, "finite")
+    problems = Problems()
+    p = problems.items
+    one_of, check, at_least, positive = (problems.one_of, problems.check, problems.at_least,
+                                         problems.positive)
 
     check(bool(cfg.name.strip()) and "/" not in cfg.name, "name", cfg.name,
           "a non-empty name without '/'")
@@ -864,7 +833,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("env.step_timeout", e.step_timeout)
     positive("env.reset_timeout", e.reset_timeout)
 
-    if a.estimator == "ppo":
+    if a.estimator in allowed["estimator"] and a.spec.singleton_groups:
         at_least("rollout.group_size", r.group_size, 1)
     else:
         check(r.group_size >= 2, "rollout.group_size", r.group_size,
@@ -879,30 +848,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     check(r.prefill_chunk >= -1, "rollout.prefill_chunk", r.prefill_chunk,
           "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
 
-    one_of("algo.estimator", a.estimator, allowed["estimator"])
-    one_of("algo.mode", a.mode, allowed["mode"])
-    one_of("algo.kl_type", a.kl_type, allowed["kl_type"])
-    one_of("algo.loss_agg", a.loss_agg, allowed["loss_agg"])
-    check(0 <= a.gamma <= 1, "algo.gamma", a.gamma, "in [0, 1]")
-    check(0 <= a.lam <= 1, "algo.lam", a.lam, "in [0, 1]")
-    at_least("algo.K", a.K, 0)
-    finite("algo.alpha", a.alpha)
-    finite("algo.omega", a.omega)
-    check(0 <= a.eps < math.inf, "algo.eps", a.eps, "a finite number >= 0")
-    check(0 <= a.invalid_penalty < math.inf, "algo.invalid_penalty", a.invalid_penalty,
-          "a finite number >= 0 (it is subtracted for invalid steps; the paper's is 0.1)")
-    one_of("algo.penalty_placement", a.penalty_placement, allowed["penalty_placement"])
-    one_of("algo.stats", a.stats, allowed["stats"])
-    one_of("algo.level_weights", a.level_weights, allowed["level_weights"])
-    if one_score_conflict(a.estimator, a.stats, a.penalty_placement, a.invalid_penalty, a.base_group):
-        p.append(f"algo.{ONE_SCORE_CONFLICT}; set algo.penalty_placement=reward (or "
-                 "algo.invalid_penalty=0)")
-    check(0 <= a.clip_low < 1, "algo.clip_low", a.clip_low, "in [0, 1)")
-    check(0 <= a.clip_high < math.inf, "algo.clip_high", a.clip_high, "a finite number >= 0")
-    check(1 < a.dual_clip < math.inf, "algo.dual_clip", a.dual_clip, "a finite number > 1")
-    check(0 <= a.kl_coef < math.inf, "algo.kl_coef", a.kl_coef, "a finite number >= 0 (0 = no KL)")
-    check(0 <= a.entropy_coef < math.inf, "algo.entropy_coef", a.entropy_coef,
-          "a finite number >= 0 (0 = no entropy bonus)")
+    p.extend(a.problems("algo."))
 
     positive("optim.lr", o.lr)
     check(0 <= o.weight_decay < math.inf, "optim.weight_decay", o.weight_decay,

@@ -265,12 +265,14 @@ def load_run_critic(run_dir: str, progress: bool = False):
     """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer)."""
     from hgpo_jax.config import load_config
     from hgpo_jax.models.qwen2 import critic_from_policy
-    from hgpo_jax.rl.critic import ESTIMATOR, critic_optimizer
+    from hgpo_jax.algo_specs import ALGORITHMS
+    from hgpo_jax.rl.critic import critic_optimizer
 
     cfg = load_config(run_dir)
-    if cfg.algo.estimator != ESTIMATOR:
+    if not cfg.algo.spec.has_critic:
+        with_critic = ", ".join(n for n, spec in ALGORITHMS.items() if spec.has_critic)
         raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
-                         f"{ESTIMATOR} run has a critic")
+                         f"{with_critic} run has a critic")
     policy, tokenizer, _ = load_model(run_dir, progress=progress)
     graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
     like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}

@@ -35,21 +35,19 @@ float32 code gives such a group a spurious advantage of about +/-0.3-0.6 instead
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hgpo_jax.config import (ESTIMATORS, LEVEL_WEIGHTS, MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS,
-                             STATS, one_score_conflict)
+from hgpo_jax.algo_specs import (GROUP_ESTIMATORS, INVALID_PENALTY, LEVEL_WEIGHTS, MODES,
+                                  ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, GroupOptions,
+                                  one_score_conflict)
 from hgpo_jax.rl.batching import bucket
 from hgpo_jax.rl.grouping import (
     GroupIndex,
     StepBatch,
-    _check_K,
     build_row_task_groups,
     build_step_groups,
     build_trajectory_groups,
@@ -58,7 +56,7 @@ from hgpo_jax.rl.grouping import (
     prepare_batch,
 )
 
-INVALID_PENALTY = 0.1  # the paper's and the authors' invalid-action penalty
+ESTIMATORS = GROUP_ESTIMATORS  # the estimators this module computes (hgpo_jax.algo_specs)
 _ZERO_TOL = 8.0 * 2.0**-24  # float32 unit roundoff times a safety factor
 
 
@@ -318,59 +316,10 @@ def penalized_returns(batch: StepBatch, gamma: float, invalid_penalty: float,
 # Public entry point
 
 
-@dataclasses.dataclass(frozen=True)
-class AdvantageOptions:
-    """Every option of the group estimators (docs/advantages.md), checked once when built: the one
-    list of them (a run builds it from its config with `from_config`). The defaults reproduce the
-    authors' code (verl-agent).
-
-      invalid_penalty: subtracted for each invalid step (>= 0), placed per `penalty_placement`.
-      gamma: discount of R_t (gigpo step term, hgpo). K: highest hgpo context depth (>= 0).
-      alpha: hgpo level weight exponent. omega: gigpo step-term weight.
-      mode: "mean_std_norm" ((x-mean)/(std+eps)) or "mean_norm" (x-mean); rloo ignores it.
-      eps: added to the std (and to hgpo's weight sum with verl-agent weights).
-      penalty_placement: "row" or "reward". stats: "verl-agent" or "paper".
-      level_weights: "verl-agent" or "paper". base_group: hgpo's optional episode-level item.
-    Raises ValueError (naming the option) when built with a bad value.
-    """
-
-    invalid_penalty: float = INVALID_PENALTY
-    gamma: float = 0.95
-    K: int = 2
-    alpha: float = 1.0
-    mode: str = "mean_std_norm"
-    omega: float = 1.0
-    eps: float = 1e-6
-    penalty_placement: str = "row"
-    stats: str = "verl-agent"
-    level_weights: str = "verl-agent"
-    base_group: bool = False
-
-    @classmethod
-    def from_config(cls, algo) -> AdvantageOptions:
-        """The options of a config's `algo` section (its fields of the same names)."""
-        return cls(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(cls)})
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("mode", MODES), ("penalty_placement", PENALTY_PLACEMENTS),
-                              ("stats", STATS), ("level_weights", LEVEL_WEIGHTS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; expected one of {allowed}")
-        _check_K(self.K)
-        for name in ("gamma", "alpha", "omega", "eps", "invalid_penalty"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if self.eps < 0:
-            raise ValueError(f"eps must be >= 0, got {self.eps}")
-        if self.invalid_penalty < 0:
-            raise ValueError(f"invalid_penalty is subtracted from invalid steps and must be >= 0, "
-                             f"got {self.invalid_penalty} (the paper's is 0.1)")
-        if not isinstance(self.base_group, (bool, np.bool_)):
-            raise ValueError(f"base_group must be True or False, got {self.base_group!r}")
+# Every option of the group estimators (docs/advantages.md), declared and checked once beside its
+# fields in `hgpo_jax.algo_specs.GroupOptions`; built in code it raises a ValueError naming the
+# option. `AdvantageOptions.of(cfg.algo)` takes a config's.
+AdvantageOptions = GroupOptions
 
 
 def check_estimator(estimator: str) -> None:

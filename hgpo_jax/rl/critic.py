@@ -1,4 +1,5 @@
-"""PPO with a critic (`algo.estimator: ppo`), device side: values, GAE, whitening, value loss.
+"""PPO with a critic (`algo.estimator: ppo`), device side: values, GAE, whitening, value loss
+(its unit in the trainer's loop: `hgpo_jax.rl.algorithms.critic`).
 
 What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
 `core_algos.compute_gae_advantage_return` / `compute_value_loss` and the critic worker):
@@ -35,12 +36,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from hgpo_jax.config import CRITIC_ESTIMATOR
+from hgpo_jax.algo_specs import ALGORITHMS
 from hgpo_jax.rl.batching import CriticRows
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.update import batch_sharding, make_update_step, window_predictors, window_to_rows
 
-ESTIMATOR = CRITIC_ESTIMATOR  # algo.estimator of a run with a critic
+# algo.estimator of the run whose critic this module serves (its declaration's family "critic")
+ESTIMATOR = next(name for name, spec in ALGORITHMS.items() if spec.family == "critic")
 WHITEN_EPS = 1e-8
 
 

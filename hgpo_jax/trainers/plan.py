@@ -122,11 +122,12 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
     L = r.max_prompt_tokens + r.max_new_tokens
     M, W = t.mini_batch_size, r.max_new_tokens
-    ppo = cfg.algo.estimator == "ppo"
-    minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=ppo), mesh)
+    spec = cfg.algo.spec  # what the algorithm needs: token advantages, a critic
+    minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=spec.token_advantages), mesh)
 
     step = make_train_step(graphdef, tx, build_loss_config(cfg), M // t.micro_batch_size, mesh,
-                           shardings, opt_shardings, window=W, token_advantages=ppo)
+                           shardings, opt_shardings, window=W,
+                           token_advantages=spec.token_advantages)
     t0 = time.perf_counter()
     compiled = step.lower(abs_params, abs_opt, minibatch).compile(
         compiler_options=plan_compiler_options(mesh))
@@ -150,7 +151,7 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     # Peak of the train step (arguments + temporaries; outputs alias the donated arguments),
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
-    if ppo:  # the critic lives beside the policy all run; its step runs before the actor's
+    if spec.has_critic:  # the critic lives beside the policy all run; its step runs before the actor's
         out.update(plan_critic(cfg, model_cfg, mesh, attention,
                                _sharded(CriticRows.spec(M, L, window=W), mesh)))
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]

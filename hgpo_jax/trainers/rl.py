@@ -8,8 +8,9 @@ One iteration (docs/training.md):
 1. collect: `num_groups` tasks x `group_size` envs in lockstep (sampler + EnvPool);
 2. rows: pack every step into a row (prompt + response, loss on response tokens), compute the
    rollout policy's and the frozen reference policy's token log-probs (jit, sharded over the batch);
-3. advantages: `compute_step_advantages(estimator, ...)` on the step rows (host grouping + jit),
-   or with `algo.estimator: ppo` the critic's values, GAE and whitening (rl/critic.py);
+3. advantages: the algorithm's unit (`rl.algorithms`, chosen by `algo.estimator`'s declaration):
+   the group estimators on the step rows (host grouping + jit), or a critic's values, GAE and
+   whitening;
 4. update: `ppo_epochs` passes over shuffled mini-batches, each one AdamW update with micro-batch
    gradient accumulation; a non-finite loss/gradient skips that update (logged); a PPO run
    first updates its critic on the same mini-batches;
@@ -33,14 +34,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
-from hgpo_jax.config import CRITIC_ESTIMATOR
 from hgpo_jax.envs.registry import get_env, with_reward
-from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
-from hgpo_jax.rl.batching import (CriticRows, MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
+from hgpo_jax.rl.algorithms import Advantages, LinkedTurns, StepRows, build_algorithm, loss_config
+from hgpo_jax.rl.batching import (MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
                                    gather_rows, length_ladder, minibatch_indices, pack_rows,
                                    packed_shape, take_micro, token_budget_micro_batches)
-from hgpo_jax.rl.grouping import hierarchy_stats
-from hgpo_jax.rl.critic import Critic, CriticState
+from hgpo_jax.rl.critic import CriticState
 from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
 from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn, on_mesh
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
@@ -58,28 +57,7 @@ def scoring_temperature(rollout) -> float:
 
 def build_loss_config(cfg) -> LossConfig:
     """The config's PPO-KL loss settings (`cfg.algo`, at the rollout's `scoring_temperature`)."""
-    a = cfg.algo
-    return LossConfig(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                      kl_coef=a.kl_coef, kl_type=a.kl_type, agg=a.loss_agg,
-                      entropy_coef=a.entropy_coef, temperature=scoring_temperature(cfg.rollout))
-
-
-def diagnostic_metrics(columns, valid, options: AdvantageOptions) -> dict[str, float]:
-    """diag/<estimator>/{bias, abs_dev, rmse} of grpo, gigpo and hgpo against the oracle
-    (hgpo_jax.rl.diagnostics) under the run's options, and diag/coverage. An estimator the options
-    cannot serve (stats=paper with a penalty on single rows) is left out."""
-    from hgpo_jax.rl.diagnostics import oracle_deviation
-
-    out = {}
-    for estimator in ("grpo", "gigpo", "hgpo"):
-        try:
-            stats = oracle_deviation(*columns, valid=valid, estimators=(estimator,),
-                                     options=options)[estimator]
-        except ValueError:
-            continue
-        out.update({f"diag/{estimator}/{k}": v for k, v in stats.items() if k != "coverage"})
-        out["diag/coverage"] = stats["coverage"]
-    return out
+    return loss_config(cfg.algo, scoring_temperature(cfg.rollout))
 
 
 def progress_line(iteration: int, total: int, metrics: dict[str, float]) -> str:
@@ -161,14 +139,15 @@ def budget_plan(lengths: np.ndarray, budget: int, ladder, shards: int) -> list[M
     return token_budget_micro_batches(every, budget, ladder, shards=shards)
 
 
-def budget_rows_pass(fn, params, arrays: dict[str, np.ndarray], budget: int, ladder, shards: int,
+def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
                      mesh, width: int | None = None) -> np.ndarray:
     """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
     [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
     their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
-    whose output columns are not token positions (the critic's values)."""
+    whose output columns are not token positions (the critic's values). arrays: `TokenRows` (or
+    a dict holding their arrays)."""
     me = jax.process_index()
-    tokens = TokenRows.of(arrays)
+    tokens = as_token_rows(arrays)
     S, L = tokens.input_ids.shape
     out = np.zeros((S, width or L), np.float32)
     for micro in budget_plan(tokens.attention_mask.sum(1), budget, ladder, shards):
@@ -178,6 +157,14 @@ def budget_rows_pass(fn, params, arrays: dict[str, np.ndarray], budget: int, lad
         keep = rows >= 0
         out[rows[keep], :res.shape[1]] = res[keep]
     return out
+
+
+def as_token_rows(arrays) -> TokenRows:
+    """`TokenRows` of a `TokenRows` (or subclass) or of a dict of arrays."""
+    if isinstance(arrays, TokenRows):
+        return TokenRows(input_ids=arrays.input_ids, attention_mask=arrays.attention_mask,
+                         response_mask=arrays.response_mask)
+    return TokenRows.of(arrays)
 
 
 def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, ladder,
@@ -203,7 +190,8 @@ def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, l
 class TrainState:
     """The RL run's device state, one pytree: the policy's params and AdamW state, the frozen
     reference policy (the initial one: model.path gives it back, so checkpoints leave it out),
-    the rollout PRNG key, and a PPO run's critic (`rl.critic.CriticState`; None otherwise)."""
+    the rollout PRNG key, and the algorithm's own state (`Algorithm.init_state`: a critic's
+    `rl.critic.CriticState`; None without one)."""
 
     params: Any
     opt_state: Any
@@ -231,100 +219,21 @@ class LoopState:
         self.np_rng.bit_generator.state = meta["np_rng"]
 
 
-# --------------------------------------------------------------------------- the advantage stage
-@dataclasses.dataclass
-class StepRows:
-    """One iteration's training rows on the host: the rollout's n step rows (`batch`) packed
-    into `arrays` (key -> [S, ...], S >= n, the rows after n inert): `rl.batching.TrainBatch`'s
-    keys and old_logp, ref_logp [S, L]; the advantage stage fills `advantages` ([S], or [S, L]
-    per token with a critic, which also adds values and returns [S, W])."""
-
-    batch: RolloutBatch
-    arrays: dict
-
-    @property
-    def num_rows(self) -> int:
-        """n: the real rows (the packed arrays' first n rows)."""
-        return len(self.batch)
-
-
-@dataclasses.dataclass
-class AdvantageResult:
-    """What the advantage stage gives besides the advantages it writes into the rows:
-    row_adv float [n]: each step row's advantage (its token mean with a critic), for the
-    advantage statistics; row_means: statistics averaged over the rows (of every process);
-    metrics: metrics that are global already."""
-
-    row_adv: np.ndarray
-    row_means: dict
-    metrics: dict
-
-
-class GroupAdvantages:
-    """HGPO, GiGPO, GRPO and RLOO: each step row's advantage from its groups
-    (`rl.advantages.compute_step_advantages`), with the options checked once
-    (`AdvantageOptions.from_config`); with `train.diagnostics`, each estimator's bias against
-    the oracle; always, the fraction of rows grouped at each HGPO level."""
-
-    def __init__(self, algo, diagnostics: bool):
-        self.estimator, self.K, self.diagnostics = algo.estimator, algo.K, diagnostics
-        self.options = AdvantageOptions.from_config(algo)
-
-    def __call__(self, rows: StepRows, state: TrainState, rows_pass) -> AdvantageResult:
-        b, n = rows.batch, len(rows.batch)
-        if n == 0:  # a process whose envs all failed still takes part, with inert rows only
-            return AdvantageResult(np.zeros(0, np.float32), {}, {})
-        columns = (b.task_id, b.traj_id, b.step_id, b.anchor, b.reward)
-        adv = compute_step_advantages(self.estimator, *columns, valid=b.valid, options=self.options)
-        rows.arrays["advantages"][:n] = adv
-        row_means = diagnostic_metrics(columns, b.valid, self.options) if self.diagnostics else {}
-        for k, frac in enumerate(hierarchy_stats(b.task_id, b.traj_id, b.step_id, b.anchor, K=self.K)):
-            row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
-        return AdvantageResult(adv, row_means, {})
-
-
-class CriticAdvantages:
-    """PPO with a critic (rl/critic.py): each row's reward (its episode's total reward minus the
-    invalid-action penalty of its own step), the critic's values before this iteration's update,
-    GAE and the batch whitening: token advantages [S, L], values and returns [S, W]."""
-
-    def __init__(self, critic: Critic, invalid_penalty: float, window: int, mesh):
-        self.critic, self.invalid_penalty, self.window, self.mesh = critic, invalid_penalty, window, mesh
-
-    def __call__(self, rows: StepRows, state: TrainState, rows_pass) -> AdvantageResult:
-        b, arrays, n = rows.batch, rows.arrays, rows.num_rows
-        episode = defaultdict(float)
-        for traj, r in zip(b.traj_id, b.reward):
-            episode[traj] += float(r)
-        rewards = np.zeros(arrays["input_ids"].shape[0], np.float32)
-        rewards[:n] = [episode[traj] - self.invalid_penalty * (not ok)
-                       for traj, ok in zip(b.traj_id, b.valid)]
-        values = rows_pass(self.critic.value_fn, state.critic.params, width=self.window)
-        rows_1d, rows_2d = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 2)
-        adv, returns, metrics = self.critic.gae_fn(
-            dist.global_rows(rewards, rows_1d), dist.global_rows(values, rows_2d),
-            dist.global_rows(arrays["response_mask"], rows_2d))
-        arrays.update(advantages=dist.local_rows(adv, self.mesh), values=values,
-                      returns=dist.local_rows(returns, self.mesh))
-        mask = arrays["response_mask"][:n]
-        row_adv = (arrays["advantages"][:n] * mask).sum(1) / np.maximum(mask.sum(1), 1)
-        return AdvantageResult(row_adv, {}, {k: float(v) for k, v in jax.device_get(metrics).items()})
-
-
 # --------------------------------------------------------------------------- the trainer
 class Trainer(Run):
     """The RL run: the env pool, the device state (`TrainState`: policy, optimizer state,
     reference, critic, key), the loop state (`LoopState`), checkpoints and metrics
     (`hgpo_jax.runs.Run` holds what it shares with the supervised trainer).
 
-    One iteration (`run_iteration`) is four stages over explicit values, then one reduction:
-    collect (rollouts) -> rows (packing, old and reference log-probs) -> advantages (a
-    `GroupAdvantages` or a `CriticAdvantages`, chosen once) -> update (critic, then policy) ->
-    metrics (per-row statistics reduced over processes in one place)."""
+    One iteration (`run_iteration`) is four stages over typed values, then one reduction:
+    collect (rollouts) -> rows (`StepRows`: packing, old and reference log-probs, linked turns)
+    -> advantages (the algorithm's unit, `rl.algorithms`, built once from the config's
+    declaration) -> update (the unit's critic, then the policy) -> metrics (per-row statistics
+    reduced over processes in one place)."""
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True, record: bool = True,
                  allow_change: bool = False):
-        t, r, a = cfg.train, cfg.rollout, cfg.algo
+        t, r = cfg.train, cfg.rollout
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
@@ -334,25 +243,23 @@ class Trainer(Run):
             # whole groups per process (group statistics never need another process's envs)
             self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
             self.procs = jax.process_count()
-            ppo = a.estimator == CRITIC_ESTIMATOR  # token-level advantages from a critic (GAE)
             num_micro = t.mini_batch_size // t.micro_batch_size
-            critic, critic_state = (Critic.build(cfg, self.model(), self.mesh, num_micro, t.seed)
-                                    if ppo else (None, None))
-            self.critic = critic  # its functions (its arrays are state.critic)
+            self.algorithm = build_algorithm(cfg, self.mesh, num_micro)
+            token_advantages = self.algorithm.spec.token_advantages
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
                                     ref_params=jax.tree.map(jnp.copy, self.state.params),
-                                    key=jax.random.PRNGKey(t.seed), critic=critic_state)
-            self.advantages = (CriticAdvantages(critic, a.invalid_penalty, r.max_new_tokens, self.mesh)
-                               if ppo else GroupAdvantages(a, t.diagnostics))
+                                    key=jax.random.PRNGKey(t.seed),
+                                    critic=self.algorithm.init_state(self.model(), t.seed))
             loss_cfg = build_loss_config(cfg)
             self.train_step = make_train_step(self.graphdef, self.tx, loss_cfg, num_micro,
                                               self.mesh, self.shardings, self.opt_shardings,
-                                              window=r.max_new_tokens, token_advantages=ppo)
+                                              window=r.max_new_tokens,
+                                              token_advantages=token_advantages)
             self.budget = t.max_tokens_per_micro_batch  # token-budget micro-batches (0: fixed)
             self.budget_step = make_budget_train_step(
                 self.graphdef, self.tx, loss_cfg, self.budget, self.mesh,
                 self.shardings, self.opt_shardings, window=r.max_new_tokens,
-                token_advantages=ppo) if self.budget else None
+                token_advantages=token_advantages) if self.budget else None
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
                                               window=r.max_new_tokens, token_budget=self.budget,
                                               temperature=loss_cfg.temperature)
@@ -386,7 +293,8 @@ class Trainer(Run):
 
     # ------------------------------------------------------------------ the checkpoint
     def checkpoint_tree(self) -> tuple[dict, dict]:
-        """arrays: the policy's params and optimizer state, a PPO run's critic under "critic";
+        """arrays: the policy's params and optimizer state, the algorithm's state (a critic)
+        under "critic";
         meta: the loop state and the rollout key."""
         arrays, meta = super().checkpoint_tree()
         if self.state.critic is not None:
@@ -421,11 +329,11 @@ class Trainer(Run):
             return metrics
         rows = self.step_rows(batch)
         t_logp = time.perf_counter()
-        adv = self.advantages(rows, self.state, functools.partial(self._per_micro_batch,
-                                                                 arrays=rows.arrays))
+        adv = self.algorithm.advantages(rows, self.state.critic, functools.partial(
+            self._per_micro_batch, arrays=rows.token_rows()))
         t_adv = time.perf_counter()
         metrics.update(adv.metrics)
-        metrics.update(self.update(rows))
+        metrics.update(self.update(rows, adv))
         t_end = time.perf_counter()
         stats, tokens = self.row_statistics(rows, adv)
         metrics.update(stats)
@@ -452,7 +360,8 @@ class Trainer(Run):
 
     def step_rows(self, batch: RolloutBatch) -> StepRows:
         """Stage 2: the step rows packed (every process to the same [S, L], feeding S / P rows of
-        each global batch), with the rollout policy's and the reference policy's log-probs."""
+        each global batch), with the rollout policy's and the reference policy's log-probs and
+        the rows linked into episodes."""
         t = self.cfg.train
         row_multiple = t.micro_batch_size // self.procs
         shape = dist.max_over_processes(*packed_shape(
@@ -462,16 +371,16 @@ class Trainer(Run):
                            batch.sample_logp, pad_id=self.tokenizer.pad_token_id,
                            row_multiple=row_multiple, length_multiple=t.pad_multiple, shape=shape,
                            max_response=self.cfg.rollout.max_new_tokens)
-        rows = StepRows(batch, packed.arrays())
-        rows.arrays["old_logp"] = self._logprobs(self.state.params, rows.arrays)
-        rows.arrays["ref_logp"] = self._logprobs(self.state.ref_params, rows.arrays)
-        return rows
+        tokens = as_token_rows(packed.arrays())
+        return StepRows(batch, packed, old_logp=self._logprobs(self.state.params, tokens),
+                        ref_logp=self._logprobs(self.state.ref_params, tokens),
+                        turns=LinkedTurns.of(batch, packed.shape[0]))
 
-    def update(self, rows: StepRows) -> dict[str, float]:
+    def update(self, rows: StepRows, adv: Advantages) -> dict[str, float]:
         """Stage 4: `ppo_epochs` passes over shuffled mini-batches (every process the same count:
-        inert ones fill in), the critic's updates first (verl's order), then the policy's
-        (after `critic.warmup_iterations` with a critic). -> the updates' mean metrics."""
-        t, arrays = self.cfg.train, rows.arrays
+        inert ones fill in), the algorithm's critic updates first (verl's order), then the
+        policy's (when `Algorithm.updates_policy`). -> the updates' mean metrics."""
+        t = self.cfg.train
         mini = t.mini_batch_size // self.procs
         draw = dist.max_over_processes(rows.num_rows)[0]
         order = []
@@ -480,19 +389,12 @@ class Trainer(Run):
             count = dist.max_over_processes(len(batches))[0]
             order += batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
 
-        policy_rows = PolicyRows.of(arrays)
-
-        metrics = {}
-        if self.critic is not None:
-            records, critic_rows = [], CriticRows.of(arrays)
-            for idx in order:
-                critic, m = self.critic.update(self.state.critic,
-                                               on_mesh(gather_rows(critic_rows, idx), self.mesh))
-                self.state = self.state.replace(critic=critic)
-                records.append(jax.device_get(m))
-            metrics.update(_mean_metrics(records))
+        policy_rows = rows.policy_rows(adv)
+        critic, records = self.algorithm.update_critic(self.state.critic, rows, adv, order, self.mesh)
+        self.state = self.state.replace(critic=critic)
+        metrics = _mean_metrics(records)
         records = []
-        if self.critic is None or self.cfg.critic.warmup_iterations <= self.iteration + 1:
+        if self.algorithm.updates_policy(self.iteration):
             for idx in order:
                 if self.budget:
                     params, opt_state, m = self._budget_update(policy_rows, idx)
@@ -505,14 +407,13 @@ class Trainer(Run):
         metrics["train/updates"] = float(len(records))
         return metrics
 
-    def row_statistics(self, rows: StepRows, adv: AdvantageResult) -> tuple[dict[str, float], float]:
+    def row_statistics(self, rows: StepRows, adv: Advantages) -> tuple[dict[str, float], float]:
         """Stage 5: the per-row statistics (advantages, the rollout-vs-policy log-prob gap, the
         advantage stage's row means) and the tokens of the iteration, reduced over processes:
         the one place an iteration's metrics are combined across processes."""
-        arrays = rows.arrays
-        mask = arrays["response_mask"]
-        gap = np.abs((arrays["old_logp"] - arrays["sample_logp"]) * mask).sum()
-        tokens = float(arrays["attention_mask"].sum())
+        mask = rows.tokens.response_mask
+        gap = np.abs((rows.old_logp - rows.tokens.sample_logp) * mask).sum()
+        tokens = float(rows.tokens.attention_mask.sum())
         if self.procs > 1:
             return merge_row_statistics(dist.allgather_json({
                 "rows": len(rows.batch), "adv": [float(adv.row_adv.sum()),
@@ -526,7 +427,8 @@ class Trainer(Run):
                 "train/rollout_vs_policy_logp_gap": float(gap / max(mask.sum(), 1))}, tokens
 
     def _logprobs(self, params, arrays) -> np.ndarray:
-        """Token log-probs of all rows [S, L] (see `_per_micro_batch`)."""
+        """Token log-probs of all rows [S, L] (see `_per_micro_batch`; arrays: `TokenRows` or a
+        dict of their arrays)."""
         return self._per_micro_batch(self.logprob_fn, params, arrays)
 
     def _per_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
@@ -537,7 +439,7 @@ class Trainer(Run):
         if self.budget:
             return self._per_budget_micro_batch(fn, params, arrays, width)
         mb = self.cfg.train.micro_batch_size // self.procs
-        tokens = TokenRows.of(arrays)
+        tokens = as_token_rows(arrays)
         out = []
         for i in range(0, tokens.rows, mb):
             part = on_mesh(jax.tree.map(lambda x: x[i:i + mb], tokens), self.mesh)
@@ -554,8 +456,9 @@ class Trainer(Run):
                              self.cfg.train.pad_multiple)
 
     def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
-        return budget_rows_pass(fn, params, arrays, self.budget,
-                                self._ladder(arrays["input_ids"].shape[1]), self.dp // self.procs,
+        tokens = as_token_rows(arrays)
+        return budget_rows_pass(fn, params, tokens, self.budget,
+                                self._ladder(tokens.input_ids.shape[1]), self.dp // self.procs,
                                 self.mesh, width)
 
     def _budget_update(self, rows: PolicyRows, idx: np.ndarray):

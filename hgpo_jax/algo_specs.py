@@ -1,0 +1,205 @@
+"""What each algorithm is, in the words the config checks and the RL core acts on (no JAX).
+
+    spec = algorithm_spec("ppo")      # AlgorithmSpec(name="ppo", family="critic", critic_heads=1, ...)
+    spec.has_critic, spec.token_advantages, spec.singleton_groups, spec.sections
+    GroupOptions(K=4)                 # the group estimators' options, checked when built
+
+An algorithm has two halves: its declaration here (its name, what it needs of the run, its
+options with their checks), which `hgpo_jax.config` validates configs against, and its family's
+unit in `hgpo_jax.rl.algorithms` (its advantage stage and loss pieces), which the trainer and
+`plan` run. The config sits below the RL core and may not import it, so the declarations live in
+this module below both; nothing here imports JAX or the rest of the package but `problems`.
+
+Options are declared once, as dataclass fields beside the method that checks them
+(`_own_problems`): `LossOptions` (the PPO-KL loss of the policy, every family), `ReturnOptions`
+(discount and invalid-action penalty, shared), `GroupOptions` (GRPO, RLOO, GiGPO, HGPO),
+`GAEOptions` (PPO's critic). The config's `algo` section is all of them together
+(`hgpo_jax.config.AlgoConfig`), so YAML keys stay flat (`algo.K`, `algo.lam`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hgpo_jax.problems import Problems, is_int, is_number, suggest
+
+# The option names the RL core acts on
+MODES = ("mean_std_norm", "mean_norm")  # the groups' normalization
+PENALTY_PLACEMENTS = ("row", "reward")  # where the invalid-action penalty goes
+STATS = ("verl-agent", "paper")  # which steps' returns make the group statistics
+LEVEL_WEIGHTS = ("verl-agent", "paper")  # HGPO's weights of the levels
+KL_TYPES = ("low_var_kl", "kl", "mse")  # rl.loss
+AGGS = ("token-mean", "seq-mean")  # the loss aggregation (rl.loss)
+INVALID_PENALTY = 0.1  # the paper's and the authors' invalid-action penalty
+ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a penalty on single "
+                      "rows (penalty_placement='row') cannot keep")
+
+
+# ------------------------------------------------------------------------------------- algorithms
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm as the rest of the system sees it (`algo.estimator` = `name`).
+
+    family: the unit of `hgpo_jax.rl.algorithms` that runs it ("group": advantages from groups
+    of rollouts; "critic": a value model and GAE); critic_heads: value heads of its critic (0:
+    no critic); token_advantages: one advantage per response token ([S, L]) instead of one per
+    row ([S]); singleton_groups: a group of one rollout (rollout.group_size=1) makes sense;
+    agent: the reply format it needs (`agent.name`; None: any); sections: config sections it
+    reads besides `algo` (shown by `format_config` only for it); summary: one line for docs
+    and errors.
+    """
+
+    name: str
+    family: str
+    summary: str
+    critic_heads: int = 0
+    token_advantages: bool = False
+    singleton_groups: bool = False
+    agent: str | None = None
+    sections: tuple[str, ...] = ()
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic_heads > 0
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
+    AlgorithmSpec("grpo", "group", "each step gets its trajectory's normalized return"),
+    AlgorithmSpec("rloo", "group", "each step gets its trajectory's leave-one-out return"),
+    AlgorithmSpec("gigpo", "group", "grpo plus a step term over steps sharing the observation"),
+    AlgorithmSpec("hgpo", "group", "normalized returns in K+1 nested context groups, weighted"),
+    AlgorithmSpec("ppo", "critic", "a value model and GAE (verl-agent's PPO baseline)",
+                  critic_heads=1, token_advantages=True, singleton_groups=True,
+                  sections=("critic",)),
+)}
+GROUP_ESTIMATORS = tuple(n for n, s in ALGORITHMS.items() if s.family == "group")
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every `algo.estimator` value."""
+    return tuple(ALGORITHMS)
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    """The declaration of algorithm `name`; a ValueError naming the known ones otherwise."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; use one of {', '.join(ALGORITHMS)}"
+                         + suggest(name, tuple(ALGORITHMS)))
+    return ALGORITHMS[name]
+
+
+# ------------------------------------------------------------------------------------- options
+class Options:
+    """Options checked beside their fields: each class in the MRO that defines `_own_problems`
+    checks the fields it declares, once."""
+
+    def problems(self, prefix: str = "", code: bool = False) -> list[str]:
+        """Every problem of these options ("<prefix><key>=<value>: ..."), in declaration order
+        (`code`: worded for options built in code, `Problems`)."""
+        p = Problems(prefix, code)
+        for cls in reversed(type(self).__mro__):
+            own = cls.__dict__.get("_own_problems")
+            if own is not None:
+                own(self, p)
+        return p.items
+
+    def check(self) -> None:
+        """Raise a ValueError naming every problem (for options built in code)."""
+        items = self.problems(code=True)
+        if items:
+            raise ValueError("; ".join(items))
+
+
+@dataclass
+class ReturnOptions(Options):
+    """The step returns every family uses."""
+
+    gamma: float = 0.95  # discount of the step returns R_t; ppo: GAE's gamma (verl-agent's algorithm.gamma, 1.0 in its PPO runs)
+    invalid_penalty: float = INVALID_PENALTY  # subtracted for a step whose reply holds no valid action
+
+    def _own_problems(self, p: Problems) -> None:
+        p.in_range("gamma", self.gamma, 0, 1, "in [0, 1]")
+        p.non_negative("invalid_penalty", self.invalid_penalty,
+                       "it is subtracted for invalid steps; the paper's is 0.1")
+
+
+@dataclass
+class GroupOptions(ReturnOptions):
+    """GRPO, RLOO, GiGPO and HGPO (docs/advantages.md); the defaults reproduce the authors' code
+    (verl-agent). Built in code (`rl.advantages.AdvantageOptions` is this class) it is checked at
+    once and raises a ValueError naming the option."""
+
+    K: int = 2  # hgpo: highest context depth (groups of steps sharing the last k+1 observations)
+    alpha: float = 1.0  # hgpo: level weight exponent (see level_weights)
+    mode: str = "mean_std_norm"  # group normalization: mean_std_norm | mean_norm
+    omega: float = 1.0  # gigpo: weight of the step-level term
+    eps: float = 1e-6  # added to the group std
+    penalty_placement: str = "row"  # row: the invalid row's return and score | reward: in r_t
+    stats: str = "verl-agent"  # episode statistics: verl-agent (step rows, unbiased std) | paper
+    level_weights: str = "verl-agent"  # hgpo: verl-agent ((d+2)^alpha) | paper ((d+1)^alpha)
+    base_group: bool = False  # hgpo: add the episode-level value as an item of weight 1
+
+    def __post_init__(self) -> None:
+        if type(self) is GroupOptions:  # a config section is checked as a whole instead
+            self.check()
+
+    def _own_problems(self, p: Problems) -> None:
+        p.check(is_int(self.K) and self.K >= 0, "K", self.K, ">= 0 (an int)")
+        p.finite("alpha", self.alpha)
+        p.one_of("mode", self.mode, MODES)
+        p.finite("omega", self.omega)
+        p.non_negative("eps", self.eps)
+        p.one_of("penalty_placement", self.penalty_placement, PENALTY_PLACEMENTS)
+        p.one_of("stats", self.stats, STATS)
+        p.one_of("level_weights", self.level_weights, LEVEL_WEIGHTS)
+        p.check(isinstance(self.base_group, bool) or type(self.base_group).__name__ == "bool_",
+                "base_group", self.base_group, "true or false")
+
+    @classmethod
+    def of(cls, options) -> GroupOptions:
+        """The group options of any object holding these fields (a config's `algo` section)."""
+        return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class GAEOptions(ReturnOptions):
+    """PPO's critic: GAE over each row's response tokens."""
+
+    lam: float = 1.0  # ppo: GAE's lambda (verl's algorithm.lam)
+
+    def _own_problems(self, p: Problems) -> None:
+        p.in_range("lam", self.lam, 0, 1, "in [0, 1]")
+
+
+@dataclass
+class LossOptions(Options):
+    """The policy's PPO-KL loss (every family)."""
+
+    clip_low: float = 0.2  # ratio clip 1 - clip_low
+    clip_high: float = 0.2  # ratio clip 1 + clip_high
+    dual_clip: float = 3.0  # dual-clip bound for negative advantages (> 1)
+    kl_coef: float = 0.01  # weight of the KL penalty to the reference policy
+    entropy_coef: float = 0.001  # weight of the entropy bonus (verl's entropy_coeff; 0 = off)
+    kl_type: str = "low_var_kl"  # low_var_kl | kl | mse
+    loss_agg: str = "token-mean"  # token-mean | seq-mean
+
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("kl_type", self.kl_type, KL_TYPES)
+        p.one_of("loss_agg", self.loss_agg, AGGS)
+        p.check(is_number(self.clip_low) and 0 <= self.clip_low < 1, "clip_low", self.clip_low,
+                "in [0, 1)")
+        p.non_negative("clip_high", self.clip_high)
+        p.check(is_number(self.dual_clip) and 1 < self.dual_clip < float("inf"), "dual_clip",
+                self.dual_clip, "a finite number > 1")
+        p.non_negative("kl_coef", self.kl_coef, "0 = no KL")
+        p.non_negative("entropy_coef", self.entropy_coef, "0 = no entropy bonus")
+
+
+def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
+                       base_group: bool) -> bool:
+    """Whether the options cannot hold together once a step is invalid (ONE_SCORE_CONFLICT): the
+    paper's statistics (one score per trajectory) with a penalty on the invalid rows alone, for an
+    estimator that uses episode scores (all but HGPO without its base group)."""
+    return (stats == "paper" and penalty_placement == "row" and invalid_penalty > 0
+            and (estimator != "hgpo" or bool(base_group)))

@@ -1,0 +1,158 @@
+"""What every algorithm unit works on and gives back, and the unit's interface.
+
+One iteration's rows travel as typed host values from collection to update (no string-keyed
+dict that stages mutate):
+
+    rows = StepRows(batch, tokens, old_logp, ref_logp, turns)   # the trainer packs them
+    adv = algorithm.advantages(rows, state, rows_pass)          # -> Advantages (typed)
+    state, metrics = algorithm.update_critic(state, rows, adv, order)
+    policy_rows = rows.policy_rows(adv)                          # -> rl.batching.PolicyRows
+
+`Algorithm` is one family's unit (`hgpo_jax.rl.algorithms.group`, `.critic`): built from the
+config and its declaration (`hgpo_jax.algo_specs.AlgorithmSpec`), it provides the advantage
+stage, the critic's update (none without a critic), the policy loss settings, and its device
+state (a critic's params and optimizer state; None without one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from hgpo_jax.algo_specs import AlgorithmSpec
+from hgpo_jax.rl.batching import CriticRows, PolicyRows, TokenRows, TrainBatch
+from hgpo_jax.rl.ppo import LossConfig
+from hgpo_jax.rl.rollout import RolloutBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkedTurns:
+    """The rows of an iteration linked into episodes, one entry per packed row [S] (rows >= n are
+    inert: traj_id -1, the rest 0): traj_id int64 (the episode: its env's index), turn int64 (0,
+    1, ... within the episode), done bool (the env ended the episode at this turn), reward
+    float64 (this turn's own env reward for training, no penalty), valid bool (the reply held a
+    valid action). An estimator walks an episode by traj_id in turn order."""
+
+    traj_id: np.ndarray
+    turn: np.ndarray
+    done: np.ndarray
+    reward: np.ndarray
+    valid: np.ndarray
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, rows: int) -> LinkedTurns:
+        """The turns of `batch`'s n rows, padded to `rows` with inert ones."""
+        n = len(batch)
+
+        def pad(x, fill, dtype):
+            out = np.full(rows, fill, dtype)
+            out[:n] = np.asarray(x, dtype)[:n]
+            return out
+
+        return cls(traj_id=pad(batch.traj_id, -1, np.int64), turn=pad(batch.step_id, 0, np.int64),
+                   done=pad(batch.done, False, bool), reward=pad(batch.reward, 0.0, np.float64),
+                   valid=pad(batch.valid, False, bool))
+
+    def episode_rewards(self) -> np.ndarray:
+        """Each row's episode reward (the sum of its episode's turn rewards) [S]; 0 for inert rows."""
+        real = self.traj_id >= 0
+        ids, inverse = np.unique(self.traj_id[real], return_inverse=True)
+        totals = np.zeros(len(ids), np.float64)
+        np.add.at(totals, inverse, self.reward[real])
+        out = np.zeros(self.traj_id.shape, np.float64)
+        out[real] = totals[inverse]
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRows:
+    """One iteration's training rows on the host: the rollout's n step rows (`batch`) packed into
+    S >= n rows (`tokens`: input_ids, attention_mask, response_mask, sample_logp [S, L]; the rows
+    after n inert), the rollout policy's and the reference policy's token log-probs old_logp,
+    ref_logp float32 [S, L], and the rows linked into episodes (`turns`)."""
+
+    batch: RolloutBatch
+    tokens: TrainBatch
+    old_logp: np.ndarray
+    ref_logp: np.ndarray
+    turns: LinkedTurns
+
+    @property
+    def num_rows(self) -> int:
+        """n: the real rows (the packed arrays' first n rows)."""
+        return len(self.batch)
+
+    def token_rows(self) -> TokenRows:
+        t = self.tokens
+        return TokenRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
+                         response_mask=t.response_mask)
+
+    def policy_rows(self, adv: Advantages) -> PolicyRows:
+        """The policy update's rows with the advantages `adv` gives."""
+        t = self.tokens
+        return PolicyRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
+                          response_mask=t.response_mask, advantages=adv.advantages,
+                          old_logp=self.old_logp, ref_logp=self.ref_logp)
+
+    def critic_rows(self, adv: Advantages) -> CriticRows:
+        """The critic update's rows: the values the advantages were computed with and the returns."""
+        t = self.tokens
+        return CriticRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
+                          response_mask=t.response_mask, values=adv.values, returns=adv.returns)
+
+
+@dataclasses.dataclass(frozen=True)
+class Advantages:
+    """What an advantage stage gives: advantages float32 [S] (one per row) or [S, L] (per token,
+    `AlgorithmSpec.token_advantages`), inert rows 0; values, returns: the critic's values before
+    the update and its targets ([S, W] or [S, W, H]; None without a critic); row_adv float [n]:
+    each real row's advantage (its token mean per token), for the statistics; row_means:
+    statistics averaged over the rows (of every process); metrics: metrics global already."""
+
+    advantages: np.ndarray
+    row_adv: np.ndarray
+    row_means: dict = dataclasses.field(default_factory=dict)
+    metrics: dict = dataclasses.field(default_factory=dict)
+    values: np.ndarray | None = None
+    returns: np.ndarray | None = None
+
+
+def loss_config(algo, temperature: float) -> LossConfig:
+    """The policy's PPO-KL loss settings of a config's `algo` section (`algo_specs.LossOptions`),
+    scored at `temperature`."""
+    return LossConfig(clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+                      kl_coef=algo.kl_coef, kl_type=algo.kl_type, agg=algo.loss_agg,
+                      entropy_coef=algo.entropy_coef, temperature=temperature)
+
+
+class Algorithm:
+    """One algorithm family's unit in the trainer's loop (subclasses: `GroupAlgorithm`,
+    `CriticAlgorithm`). Built once per run by `hgpo_jax.rl.algorithms.build_algorithm`.
+
+    spec: its declaration; mesh: the run's; num_micro: micro-batches per mini-batch; state: its device state at the start of a run (`init_state`), which
+    the trainer keeps in `TrainState.critic` and checkpoints under "critic"."""
+
+    def __init__(self, cfg, spec: AlgorithmSpec, mesh=None, num_micro: int = 1):
+        self.cfg, self.spec, self.mesh, self.num_micro = cfg, spec, mesh, num_micro
+
+    def init_state(self, policy, seed: int) -> Any:
+        """The unit's device state at the start of a run (None: it has none)."""
+        return None
+
+    def advantages(self, rows: StepRows, state: Any, rows_pass) -> Advantages:
+        """Each row's advantage. rows_pass(fn, params, width=None) runs a jitted
+        fn(params, input_ids, attention_mask, response_mask) over every row in the trainer's
+        micro-batches -> [S, L] (or [S, width])."""
+        raise NotImplementedError
+
+    def update_critic(self, state: Any, rows: StepRows, adv: Advantages,
+                      order: list[np.ndarray], mesh) -> tuple[Any, list[dict]]:
+        """Update the unit's own model on the mini-batches `order` (row indices, -1 inert) before
+        the policy's updates -> (state, one metrics dict per update); none without a critic."""
+        return state, []
+
+    def updates_policy(self, iteration: int) -> bool:
+        """Whether the policy is updated at 0-based `iteration` (a critic may warm up first)."""
+        return True
