@@ -196,6 +196,37 @@ class LossOptions(Options):
         p.non_negative("entropy_coef", self.entropy_coef, "0 = no entropy bonus")
 
 
+@dataclass
+class CriticOptions(Options):
+    """The `critic` section: the value model of an algorithm with a critic (`ppo`;
+    docs/training.md): a Qwen2 with value heads, started from the policy's weights, with its own
+    AdamW (verl-agent's PPO baseline values). `hgpo_jax.config.CriticConfig` is this class."""
+
+    lr: float = 1e-5  # critic learning rate (the paper's PPO runs)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay
+    max_grad_norm: float = 1.0  # global gradient-norm clip
+    warmup_steps: int = 0  # linear lr warm-up, in critic optimizer steps
+    b1: float = 0.9  # Adam beta1
+    b2: float = 0.999  # Adam beta2
+    cliprange_value: float = 0.5  # value clip around the pre-update values
+    warmup_iterations: int = 0  # the actor is updated from iteration max(1, this) on (verl's trainer.critic_warmup)
+
+    def _own_problems(self, p: Problems) -> None:
+        p.positive("lr", self.lr)
+        p.non_negative("weight_decay", self.weight_decay)
+        p.positive("max_grad_norm", self.max_grad_norm)
+        p.at_least("warmup_steps", self.warmup_steps, 0)
+        p.check(0 <= self.b1 < 1, "b1", self.b1, "in [0, 1)")
+        p.check(0 <= self.b2 < 1, "b2", self.b2, "in [0, 1)")
+        p.positive("cliprange_value", self.cliprange_value)
+        p.at_least("warmup_iterations", self.warmup_iterations, 0)
+
+
+# The options of the config's `algo` section, every family's (`hgpo_jax.config.AlgoConfig` takes
+# them all as bases, so each is a flat `algo.<key>`); a new family's options class goes here.
+ALGO_OPTIONS = (LossOptions, GroupOptions, GAEOptions)
+
+
 def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
                        base_group: bool) -> bool:
     """Whether the options cannot hold together once a step is invalid (ONE_SCORE_CONFLICT): the

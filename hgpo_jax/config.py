@@ -39,10 +39,10 @@ from typing import Any
 
 import yaml
 
-from hgpo_jax.algo_specs import (AGGS, GROUP_ESTIMATORS, KL_TYPES, LEVEL_WEIGHTS, MODES,
-                                  ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, GAEOptions,
-                                  GroupOptions, LossOptions, Options, algorithm_names, algorithm_spec,
-                                  one_score_conflict)
+from hgpo_jax.algo_specs import (AGGS, ALGO_OPTIONS, GROUP_ESTIMATORS, KL_TYPES, LEVEL_WEIGHTS,
+                                  MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, Options,
+                                  algorithm_names, algorithm_spec, one_score_conflict)
+from hgpo_jax.algo_specs import CriticOptions as CriticConfig
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.problems import Problems, closest, suggest
 
@@ -75,7 +75,7 @@ class ConfigError(ValueError):
 
 # ------------------------------------------------------------------------------------- schema
 @dataclass
-class ModelConfig:
+class ModelConfig(Options):
     """The policy model (also the frozen reference model)."""
 
     path: str = "Qwen/Qwen2.5-1.5B-Instruct"  # local HF folder; "tiny" = a tiny random Qwen2 (cache)
@@ -84,9 +84,16 @@ class ModelConfig:
     scan_layers: bool = True  # stacked layer weights under lax.scan (one compiled layer); false: unrolled
     attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, splash on TPU, else einsum) | einsum | xla | cudnn | splash
 
+    def _own_problems(self, p: Problems) -> None:
+        allowed = allowed_values()
+        p.check(bool(self.path.strip()), "path", self.path, "a local HF folder or 'tiny'")
+        p.one_of("dtype", self.dtype, allowed["dtype"])
+        p.one_of("compute_dtype", self.compute_dtype, allowed["dtype"])
+        p.one_of("attention", self.attention, allowed["attention"])
+
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Options):
     """The environment and its worker pool."""
 
     name: str = "alfworld"  # alfworld | webshop | toy | toy-history (docs/envs.md)
@@ -101,9 +108,27 @@ class EnvConfig:
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
     reset_timeout: float = 300.0  # seconds before a stuck env reset counts as failed
 
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("name", self.name, allowed_values()["env"])
+        splits = _env_splits(self.name)
+        if splits:
+            p.one_of("split", self.split, splits)
+        p.at_least("seed", self.seed, 0)
+        p.one_of("projection", self.projection, allowed_values()["projection"])
+        rewards = _env_rewards(self.name)
+        if rewards:
+            p.one_of("reward", self.reward, rewards)
+        p.check(self.data_dir is None or bool(self.data_dir.strip()), "data_dir", self.data_dir,
+                "a folder or null")
+        p.at_least("max_steps", self.max_steps, 1)
+        p.at_least("memory_len", self.memory_len, 0)
+        p.at_least("num_workers", self.num_workers, 1)
+        p.positive("step_timeout", self.step_timeout)
+        p.positive("reset_timeout", self.reset_timeout)
+
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Options):
     """Sampling of training (and evaluation) episodes."""
 
     group_size: int = 8  # N: rollouts per task (one group)
@@ -114,6 +139,17 @@ class RolloutConfig:
     max_new_tokens: int = 512  # max response tokens per step
     max_prompt_tokens: int = 4096  # prompts beyond this lose their start (left truncation; rollout/truncated_prompt_rate)
     prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 128 MiB), 0 = whole prompt (docs/sampling.md)
+
+    def _own_problems(self, p: Problems) -> None:
+        p.at_least("num_groups", self.num_groups, 1)
+        p.check(0 <= self.temperature < math.inf, "temperature", self.temperature,
+                "a finite number >= 0 (0 = greedy)")
+        p.check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1] (1 = off)")
+        p.at_least("top_k", self.top_k, 0)
+        p.at_least("max_new_tokens", self.max_new_tokens, 1)
+        p.at_least("max_prompt_tokens", self.max_prompt_tokens, 1)
+        p.check(self.prefill_chunk >= -1, "prefill_chunk", self.prefill_chunk,
+                "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
 
 
 @dataclass
@@ -132,7 +168,7 @@ class AlgorithmChoice(Options):
 
 
 @dataclass
-class AlgoConfig(LossOptions, GroupOptions, GAEOptions, AlgorithmChoice):
+class AlgoConfig(*ALGO_OPTIONS, AlgorithmChoice):
     """The algorithm (`estimator`, declared in `hgpo_jax.algo_specs.ALGORITHMS`) and the options
     of every family, declared and checked there beside their fields: the returns (gamma,
     invalid_penalty), the group estimators' (K, alpha, mode, ...), PPO's GAE (lam) and the PPO-KL
@@ -146,7 +182,7 @@ class AlgoConfig(LossOptions, GroupOptions, GAEOptions, AlgorithmChoice):
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Options):
     """Optax AdamW with gradient clipping and a learning-rate schedule."""
 
     lr: float = 1e-6  # peak learning rate
@@ -157,9 +193,18 @@ class OptimConfig:
     b1: float = 0.9  # Adam beta1
     b2: float = 0.999  # Adam beta2
 
+    def _own_problems(self, p: Problems) -> None:
+        p.positive("lr", self.lr)
+        p.non_negative("weight_decay", self.weight_decay)
+        p.positive("max_grad_norm", self.max_grad_norm)
+        p.at_least("warmup_steps", self.warmup_steps, 0)
+        p.one_of("schedule", self.schedule, SCHEDULES)
+        p.check(0 <= self.b1 < 1, "b1", self.b1, "in [0, 1)")
+        p.check(0 <= self.b2 < 1, "b2", self.b2, "in [0, 1)")
+
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Options):
     """The training loop, checkpoints and evaluation cadence."""
 
     iterations: int = 160  # training iterations (rollout + update)
@@ -178,9 +223,25 @@ class TrainConfig:
     max_tokens_per_micro_batch: int = 0
     diagnostics: bool = True  # log diag/<estimator>/{bias,abs_dev,rmse} against the oracle per iteration
 
+    def _own_problems(self, p: Problems) -> None:
+        p.at_least("iterations", self.iterations, 1)
+        p.at_least("ppo_epochs", self.ppo_epochs, 1)
+        p.at_least("mini_batch_size", self.mini_batch_size, 1)
+        p.at_least("micro_batch_size", self.micro_batch_size, 1)
+        mini, micro = self.mini_batch_size, self.micro_batch_size
+        if mini >= 1 and micro >= 1 and mini % micro:
+            p.add(f"train.mini_batch_size={mini} must be a multiple of train.micro_batch_size="
+                  f"{micro}; e.g. set train.micro_batch_size={_largest_divisor_at_most(mini, micro)}")
+        p.at_least("seed", self.seed, 0)
+        p.check(bool(self.run_dir.strip()), "run_dir", self.run_dir, "a folder path (may use {name})")
+        p.at_least("save_every", self.save_every, 0)
+        p.at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        p.at_least("pad_multiple", self.pad_multiple, 1)
+        p.at_least("max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 0)
+
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Options):
     """Evaluation: which splits, at what temperature, under which protocol (docs/training.md)."""
 
     protocol: str = "verl-agent"  # verl-agent: sampled batches per seed | each-once: every game once
@@ -193,9 +254,22 @@ class EvalConfig:
     games: int = 0  # each-once: the first N games of a split (0 = all)
     every: int = 0  # iterations between evaluations during training (0 = never)
 
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("protocol", self.protocol, EVAL_PROTOCOLS)
+        p.check(len(set(self.splits)) == len(self.splits), "splits", self.splits,
+                "a list without repeats")
+        p.check(0 <= self.temperature < math.inf, "temperature", self.temperature,
+                "a finite number >= 0 (0 = greedy)")
+        p.check(bool(self.seeds) and all(x >= 0 for x in self.seeds), "seeds", self.seeds,
+                "a non-empty list of seeds >= 0")
+        p.at_least("batches", self.batches, 1)
+        p.at_least("batch_size", self.batch_size, 1)
+        p.at_least("games", self.games, 0)
+        p.at_least("every", self.every, 0)
+
 
 @dataclass
-class SftConfig:
+class SftConfig(Options):
     """Supervised warm start (`hgpo-jax sft`, docs/sft.md); uses optim, train, model, env, mesh."""
 
     # recorded episodes: expert | random (the reply format only) | search (ALFWorld: the hand-coded
@@ -233,37 +307,50 @@ class SftConfig:
             out.append((kind, int(count) if count else self.episodes))
         return out
 
+    def _own_problems(self, p: Problems) -> None:
+        p.check(bool(self.data.strip()), "data", self.data,
+                "expert, random, search, KIND+KIND:N or a JSONL path")
+        try:
+            for kind, n in self.sources() if self.data.strip() else ():
+                if n < 1:
+                    p.add(f"the count of {kind} in sft.data={n!r}: must be >= 1")
+        except ConfigError as e:
+            p.add(str(e))
+        p.at_least("episodes", self.episodes, 1)
+        p.at_least("steps", self.steps, 1)
+        p.at_least("batch_size", self.batch_size, 1)
+        p.check(0 <= self.heldout < 1, "heldout", self.heldout, "in [0, 1)")
+        p.at_least("eval_every", self.eval_every, 0)
+        p.at_least("save_every", self.save_every, 0)
+
 
 @dataclass
-class CriticConfig:
-    """The value model of `algo.estimator: ppo` (docs/training.md): a Qwen2 with a scalar head,
-    started from the policy's weights, with its own AdamW (verl-agent's PPO baseline values)."""
-
-    lr: float = 1e-5  # critic learning rate (the paper's PPO runs)
-    weight_decay: float = 0.01  # AdamW decoupled weight decay
-    max_grad_norm: float = 1.0  # global gradient-norm clip
-    warmup_steps: int = 0  # linear lr warm-up, in critic optimizer steps
-    b1: float = 0.9  # Adam beta1
-    b2: float = 0.999  # Adam beta2
-    cliprange_value: float = 0.5  # value clip around the pre-update values
-    warmup_iterations: int = 0  # the actor is updated from iteration max(1, this) on (verl's trainer.critic_warmup)
-
-
-@dataclass
-class MeshConfig:
+class MeshConfig(Options):
     """Device mesh axes (data, fsdp, tensor); their product is the device count."""
 
     data: int = -1  # -1 = all remaining devices
     fsdp: int = 1  # parameter/optimizer-state sharding (FSDP)
     tensor: int = 1  # tensor parallelism over heads and MLP
 
+    def _own_problems(self, p: Problems) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for axis, n in sizes.items():
+            p.check(n >= 1 or n == -1, axis, n, "a positive size, or -1 for all remaining devices")
+        if sum(n == -1 for n in sizes.values()) > 1:
+            p.add(f"mesh: at most one axis may be -1 (all remaining devices), got {sizes}; "
+                  "give the others explicit sizes")
+
 
 @dataclass
-class DistConfig:
+class DistConfig(Options):
     """Multi-process runs (docs/multihost.md); who joins is given on the command line."""
 
     heartbeat_timeout_s: int = 100  # a process silent this long counts as dead: the job stops with an error
     init_timeout_s: int = 300  # seconds to wait for every process to join at start-up
+
+    def _own_problems(self, p: Problems) -> None:
+        p.at_least("heartbeat_timeout_s", self.heartbeat_timeout_s, 1)
+        p.at_least("init_timeout_s", self.init_timeout_s, 1)
 
 
 @dataclass
@@ -801,160 +888,67 @@ def _env_rewards(name: str) -> tuple[str, ...]:
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
-    """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings."""
-    allowed = allowed_values()
+    """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings: each section's
+    own (checked beside its fields, `_own_problems`), then the rules that tie sections together."""
     problems = Problems()
-    p = problems.items
-    one_of, check, at_least, positive = (problems.one_of, problems.check, problems.at_least,
-                                         problems.positive)
+    problems.check(bool(cfg.name.strip()) and "/" not in cfg.name, "name", cfg.name,
+                   "a non-empty name without '/'")
+    for section in SECTIONS:
+        problems.items.extend(getattr(cfg, section).problems(f"{section}."))
+    _cross_section_problems(cfg, problems)
+    return problems.items
 
-    check(bool(cfg.name.strip()) and "/" not in cfg.name, "name", cfg.name,
-          "a non-empty name without '/'")
-    m, e, r, a, o, t = cfg.model, cfg.env, cfg.rollout, cfg.algo, cfg.optim, cfg.train
-    check(bool(m.path.strip()), "model.path", m.path, "a local HF folder or 'tiny'")
-    one_of("model.dtype", m.dtype, allowed["dtype"])
-    one_of("model.compute_dtype", m.compute_dtype, allowed["dtype"])
-    one_of("model.attention", m.attention, allowed["attention"])
 
-    one_of("env.name", e.name, allowed["env"])
-    splits = _env_splits(e.name)
-    if splits:
-        one_of("env.split", e.split, splits)
-    at_least("env.seed", e.seed, 0)
-    one_of("env.projection", e.projection, allowed["projection"])
-    rewards = _env_rewards(e.name)
-    if rewards:
-        one_of("env.reward", e.reward, rewards)
-    check(e.data_dir is None or bool(e.data_dir.strip()), "env.data_dir", e.data_dir,
-          "a folder or null")
-    at_least("env.max_steps", e.max_steps, 1)
-    at_least("env.memory_len", e.memory_len, 0)
-    at_least("env.num_workers", e.num_workers, 1)
-    positive("env.step_timeout", e.step_timeout)
-    positive("env.reset_timeout", e.reset_timeout)
-
-    if a.estimator in allowed["estimator"] and a.spec.singleton_groups:
-        at_least("rollout.group_size", r.group_size, 1)
+def _cross_section_problems(cfg: Config, p: Problems) -> None:
+    """The rules over two sections: group sizes the algorithm allows, the longest row in a token
+    budget, the env's splits to evaluate, SFT and mesh sizes against the micro-batch."""
+    e, r, a, t, v, f = cfg.env, cfg.rollout, cfg.algo, cfg.train, cfg.eval, cfg.sft
+    if a.estimator in algorithm_names() and a.spec.singleton_groups:
+        p.at_least("rollout.group_size", r.group_size, 1)
     else:
-        check(r.group_size >= 2, "rollout.group_size", r.group_size,
-              ">= 2 (group-relative advantages are 0 in a group of one)")
-    at_least("rollout.num_groups", r.num_groups, 1)
-    check(0 <= r.temperature < math.inf, "rollout.temperature", r.temperature,
-          "a finite number >= 0 (0 = greedy)")
-    check(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1] (1 = off)")
-    at_least("rollout.top_k", r.top_k, 0)
-    at_least("rollout.max_new_tokens", r.max_new_tokens, 1)
-    at_least("rollout.max_prompt_tokens", r.max_prompt_tokens, 1)
-    check(r.prefill_chunk >= -1, "rollout.prefill_chunk", r.prefill_chunk,
-          "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
-
-    p.extend(a.problems("algo."))
-
-    positive("optim.lr", o.lr)
-    check(0 <= o.weight_decay < math.inf, "optim.weight_decay", o.weight_decay,
-          "a finite number >= 0")
-    positive("optim.max_grad_norm", o.max_grad_norm)
-    at_least("optim.warmup_steps", o.warmup_steps, 0)
-    one_of("optim.schedule", o.schedule, allowed["schedule"])
-    check(0 <= o.b1 < 1, "optim.b1", o.b1, "in [0, 1)")
-    check(0 <= o.b2 < 1, "optim.b2", o.b2, "in [0, 1)")
-
-    at_least("train.iterations", t.iterations, 1)
-    at_least("train.ppo_epochs", t.ppo_epochs, 1)
-    at_least("train.mini_batch_size", t.mini_batch_size, 1)
-    at_least("train.micro_batch_size", t.micro_batch_size, 1)
-    if t.mini_batch_size >= 1 and t.micro_batch_size >= 1 and t.mini_batch_size % t.micro_batch_size:
-        p.append(f"train.mini_batch_size={t.mini_batch_size} must be a multiple of "
-                 f"train.micro_batch_size={t.micro_batch_size}; e.g. set train.micro_batch_size="
-                 f"{_largest_divisor_at_most(t.mini_batch_size, t.micro_batch_size)}")
-    at_least("train.seed", t.seed, 0)
-    check(bool(t.run_dir.strip()), "train.run_dir", t.run_dir, "a folder path (may use {name})")
-    at_least("train.save_every", t.save_every, 0)
-    at_least("train.keep_checkpoints", t.keep_checkpoints, 1)
-    at_least("train.pad_multiple", t.pad_multiple, 1)
-    at_least("train.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, 0)
+        p.check(r.group_size >= 2, "rollout.group_size", r.group_size,
+                ">= 2 (group-relative advantages are 0 in a group of one)")
     if t.max_tokens_per_micro_batch > 0 and t.pad_multiple >= 1:  # the longest row must fit
         longest = r.max_prompt_tokens + r.max_new_tokens
         padded = -(-longest // t.pad_multiple) * t.pad_multiple
-        check(t.max_tokens_per_micro_batch >= padded, "train.max_tokens_per_micro_batch",
-              t.max_tokens_per_micro_batch,
-              f"0 (off) or at least the longest possible row, rollout.max_prompt_tokens + "
-              f"rollout.max_new_tokens = {longest} tokens padded to train.pad_multiple="
-              f"{t.pad_multiple}: set it to >= {padded}")
+        p.check(t.max_tokens_per_micro_batch >= padded, "train.max_tokens_per_micro_batch",
+                t.max_tokens_per_micro_batch,
+                f"0 (off) or at least the longest possible row, rollout.max_prompt_tokens + "
+                f"rollout.max_new_tokens = {longest} tokens padded to train.pad_multiple="
+                f"{t.pad_multiple}: set it to >= {padded}")
 
-    v = cfg.eval
-    one_of("eval.protocol", v.protocol, allowed["protocol"])
+    splits = _env_splits(e.name)
     if not v.splits:
         example = ",".join(_env_eval_splits(e.name) or splits[:1])
-        p.append(f"eval.splits=[] is empty: name the splits to evaluate, e.g. eval.splits=[{example}]"
-                 + (f" (env {e.name!r} has the splits {', '.join(splits)})" if splits else ""))
+        p.add(f"eval.splits=[] is empty: name the splits to evaluate, e.g. eval.splits=[{example}]"
+              + (f" (env {e.name!r} has the splits {', '.join(splits)})" if splits else ""))
     for i, s in enumerate(v.splits):
         if splits:
-            one_of(f"eval.splits[{i}]", s, splits)
-    check(len(set(v.splits)) == len(v.splits), "eval.splits", v.splits, "a list without repeats")
-    check(0 <= v.temperature < math.inf, "eval.temperature", v.temperature,
-          "a finite number >= 0 (0 = greedy)")
-    check(bool(v.seeds) and all(x >= 0 for x in v.seeds), "eval.seeds", v.seeds,
-          "a non-empty list of seeds >= 0")
-    at_least("eval.batches", v.batches, 1)
-    at_least("eval.batch_size", v.batch_size, 1)
-    at_least("eval.games", v.games, 0)
-    at_least("eval.every", v.every, 0)
+            p.one_of(f"eval.splits[{i}]", s, splits)
 
-    c = cfg.critic
-    positive("critic.lr", c.lr)
-    check(0 <= c.weight_decay < math.inf, "critic.weight_decay", c.weight_decay, "a finite number >= 0")
-    positive("critic.max_grad_norm", c.max_grad_norm)
-    at_least("critic.warmup_steps", c.warmup_steps, 0)
-    check(0 <= c.b1 < 1, "critic.b1", c.b1, "in [0, 1)")
-    check(0 <= c.b2 < 1, "critic.b2", c.b2, "in [0, 1)")
-    positive("critic.cliprange_value", c.cliprange_value)
-    at_least("critic.warmup_iterations", c.warmup_iterations, 0)
-
-    f = cfg.sft
-    check(bool(f.data.strip()), "sft.data", f.data, "expert, random, search, KIND+KIND:N or a JSONL path")
-    try:
-        for kind, n in f.sources() if f.data.strip() else ():
-            at_least(f"the count of {kind} in sft.data", n, 1)
-    except ConfigError as e:
-        p.append(str(e))
-    at_least("sft.episodes", f.episodes, 1)
-    at_least("sft.steps", f.steps, 1)
-    at_least("sft.batch_size", f.batch_size, 1)
     if f.batch_size >= 1 and t.micro_batch_size >= 1 \
             and not sft_batch_fits(f.batch_size, t.micro_batch_size):
         micro = _largest_divisor_at_most(f.batch_size, t.micro_batch_size)
         below, above = _nearest_sft_batch_sizes(f.batch_size, t.micro_batch_size)
-        p.append(f"sft.batch_size={f.batch_size} runs in micro-batches of {micro} row(s) only (its "
-                 f"largest divisor <= train.micro_batch_size={t.micro_batch_size}), under half of "
-                 f"min(sft.batch_size, train.micro_batch_size) = "
-                 f"{min(f.batch_size, t.micro_batch_size)}; set sft.batch_size={below} or "
-                 f"{above} (a multiple of {t.micro_batch_size} runs {t.micro_batch_size}-row micro-batches)")
-    check(0 <= f.heldout < 1, "sft.heldout", f.heldout, "in [0, 1)")
-    at_least("sft.eval_every", f.eval_every, 0)
-    at_least("sft.save_every", f.save_every, 0)
+        p.add(f"sft.batch_size={f.batch_size} runs in micro-batches of {micro} row(s) only (its "
+              f"largest divisor <= train.micro_batch_size={t.micro_batch_size}), under half of "
+              f"min(sft.batch_size, train.micro_batch_size) = "
+              f"{min(f.batch_size, t.micro_batch_size)}; set sft.batch_size={below} or "
+              f"{above} (a multiple of {t.micro_batch_size} runs {t.micro_batch_size}-row micro-batches)")
 
-    sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
-    for axis, n in sizes.items():
-        check(n >= 1 or n == -1, f"mesh.{axis}", n, "a positive size, or -1 for all remaining devices")
-    if sum(n == -1 for n in sizes.values()) > 1:
-        p.append(f"mesh: at most one axis may be -1 (all remaining devices), got {sizes}; "
-                 "give the others explicit sizes")
-    data_parallel = cfg.mesh.data * cfg.mesh.fsdp  # every micro-batch is split over both axes
-    if cfg.mesh.data >= 1 and cfg.mesh.fsdp >= 1 and t.micro_batch_size >= 1 \
+    m = cfg.mesh
+    data_parallel = m.data * m.fsdp  # every micro-batch is split over both axes
+    if m.data >= 1 and m.fsdp >= 1 and t.micro_batch_size >= 1 \
             and t.micro_batch_size % data_parallel:
-        fits = [m for m in range(data_parallel, t.mini_batch_size + 1, data_parallel)
-                if t.mini_batch_size % m == 0]
-        near = [m for m in fits if m >= t.micro_batch_size] or fits  # closest to the setting
+        fits = [n for n in range(data_parallel, t.mini_batch_size + 1, data_parallel)
+                if t.mini_batch_size % n == 0]
+        near = [n for n in fits if n >= t.micro_batch_size] or fits  # closest to the setting
         fix = (f"set train.micro_batch_size={near[0] if near[0] >= t.micro_batch_size else near[-1]}"
                if fits else
                f"make train.mini_batch_size and train.micro_batch_size multiples of {data_parallel}")
-        p.append(f"train.micro_batch_size={t.micro_batch_size} cannot be split over the "
-                 f"data-parallel size mesh.data x mesh.fsdp = {data_parallel}: {fix}, or use a "
-                 f"mesh whose data x fsdp divides {t.micro_batch_size}")
-    at_least("dist.heartbeat_timeout_s", cfg.dist.heartbeat_timeout_s, 1)
-    at_least("dist.init_timeout_s", cfg.dist.init_timeout_s, 1)
-    return p
+        p.add(f"train.micro_batch_size={t.micro_batch_size} cannot be split over the "
+              f"data-parallel size mesh.data x mesh.fsdp = {data_parallel}: {fix}, or use a "
+              f"mesh whose data x fsdp divides {t.micro_batch_size}")
 
 
 def sft_micro_batch_size(cfg: Config) -> int:
