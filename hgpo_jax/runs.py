@@ -288,8 +288,9 @@ def load_run_critic(run_dir: str, progress: bool = False):
 def checkpoint_critic_heads(ckpt: Checkpointer) -> int:
     """The value heads of the critic in a run's newest checkpoint (its `score` kernel [D, H]);
     no array is read."""
-    kernel = ckpt.item_shapes("critic")["params"]["score"]["kernel"]
-    return int(kernel[-1])
+    kernel = ckpt.item_shapes("critic")["params"]["score"]["kernel"]  # nnx may wrap it: {"value": shape}
+    (shape,) = jax.tree.leaves(kernel, is_leaf=lambda x: isinstance(x, tuple))
+    return int(shape[-1])
 
 
 def check_process_mesh(mesh, mesh_cfg) -> None:
