@@ -21,9 +21,7 @@ from hgpo_jax.models import Qwen2Config, Qwen2Critic, Qwen2ForCausalLM, load_pre
 from hgpo_jax.models.hf_io import CheckpointError
 from hgpo_jax.models.qwen2 import critic_from_policy
 from hgpo_jax.rl.batching import CriticRows, gather_rows, pack_rows
-from hgpo_jax.rl.critic import (critic_value_loss, make_critic_step, make_value_fn, token_values,
-                                value_loss, window_masks)
-from hgpo_jax.rl.update import make_optimizer
+from hgpo_jax.rl.critic import critic_value_loss, make_value_fn, token_values, value_loss, window_masks
 
 SHAPE = TINY_SHAPES["tied_gqa2"]
 WINDOW = 6
@@ -110,7 +108,8 @@ def test_the_loss_of_h_heads_is_the_sum_of_each_heads_value_loss():
     # one head: value_loss as it is, today's metric names alone
     loss1, m1 = critic_value_loss(vpred[..., 0], old[..., 0], ret[..., 0], jnp.asarray(shared), clip)
     want1, want_m1 = value_loss(vpred[..., 0], old[..., 0], ret[..., 0], jnp.asarray(shared), clip)
-    assert float(loss1) == float(want1) and sorted(m1) == sorted(want_m1) == ["vf_clipfrac", "vf_loss", "vpred_mean"]
+    assert float(loss1) == float(want1)
+    assert sorted(m1) == sorted(want_m1) == ["vf_clipfrac", "vf_loss", "vpred_mean"]
     with pytest.raises(ValueError, match="does not fit values of shape"):
         critic_value_loss(vpred, old, ret, jnp.asarray(masks[..., :2]), clip)
     with pytest.raises(ValueError, match="must have one shape"):
@@ -198,37 +197,10 @@ def test_critic_rows_spec_and_gather_with_heads():
     assert (got.response_mask[1] == 0).all() and (got.attention_mask[1] == 0).all()  # inert
 
 
-def test_a_three_head_critic_update_step_lowers_each_heads_loss():
-    critic = Qwen2Critic(Qwen2Config(**SHAPE), rngs=nnx.Rngs(1), num_heads=3)
-    b = tiny_rows()
-    ids, att, rm = (jnp.asarray(x) for x in (b.input_ids, b.attention_mask, b.response_mask))
-    graphdef, params = nnx.split(critic, nnx.Param)
-    value_fn = make_value_fn(graphdef, WINDOW, num_heads=3)
-    values = value_fn(params, ids, att, rm)
-    assert values.shape == (6, WINDOW, 3)
-    with pytest.raises(ValueError, match="has 3 value heads"):
-        make_value_fn(graphdef, WINDOW)(params, ids, att, rm)
-    value_mask = np.asarray(window_masks(rm, WINDOW)[1])[..., None]
-    returns = jnp.asarray(np.where(value_mask > 0, np.array([3.0, -2.0, 1.0]), 0.0), jnp.float32)
-    tx = make_optimizer(1e-2)
-    step = make_critic_step(graphdef, tx, 0.5, WINDOW, num_micro=2, num_heads=3)
-    opt = tx.init(params)
-    history = []
-    for _ in range(4):
-        mb = CriticRows(input_ids=ids, attention_mask=att, response_mask=rm, values=values, returns=returns)
-        params, opt, m = step(params, opt, mb)
-        values = value_fn(params, ids, att, rm)
-        history.append(m)
-    heads = [[float(m[f"train/vf_loss/head{h}"]) for m in history] for h in range(3)]
-    for h in range(3):
-        assert heads[h][-1] < heads[h][0]
-    np.testing.assert_allclose(float(history[0]["train/vf_loss"]), sum(x[0] for x in heads), rtol=1e-5)
-    assert 0 <= float(history[-1]["train/vf_clipfrac"]) <= 1
-
-
-def test_critic_build_on_a_mesh_and_the_run_checkpoints_head_count(tmp_path):
-    """`Critic.build(num_heads=3)` on a 2-device mesh: values [S, W, 3] and an update; a run's
-    checkpoint tells how many heads its critic has (`runs.checkpoint_critic_heads`)."""
+def test_a_three_head_critic_built_on_a_mesh_lowers_each_heads_loss(tmp_path):
+    """`Critic.build(num_heads=3)` on a 2-device mesh: values [S, W, 3], and updates of two
+    micro-batches lower every head's loss (`critic/vf_loss` their sum); a run's checkpoint tells
+    how many heads its critic has (`runs.checkpoint_critic_heads`)."""
     from hgpo_jax.checkpoint import Checkpointer
     from hgpo_jax.config import load_config
     from hgpo_jax.models import make_mesh
@@ -236,20 +208,30 @@ def test_critic_build_on_a_mesh_and_the_run_checkpoints_head_count(tmp_path):
     from hgpo_jax.rl.update import on_mesh
     from hgpo_jax.runs import checkpoint_critic_heads
 
-    cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}"])
+    cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}", "critic.lr=1e-2"])
     mesh = make_mesh(2, 1, 1)
     policy = Qwen2ForCausalLM(Qwen2Config(**SHAPE), rngs=nnx.Rngs(0), batch_mesh=mesh)
-    critic, state = Critic.build(cfg, policy, mesh, num_micro=1, seed=3, num_heads=3)
+    critic, state = Critic.build(cfg, policy, mesh, num_micro=2, seed=3, num_heads=3)
     assert critic.num_heads == 3
-    b = tiny_rows()
-    ids, att, rm = (on_mesh(np.asarray(x), mesh) for x in (b.input_ids, b.attention_mask, b.response_mask))
-    values = critic.value_fn(state.params, ids, att, rm)
-    assert values.shape == (6, WINDOW, 3)
-    mb = on_mesh(CriticRows(input_ids=np.asarray(b.input_ids), attention_mask=np.asarray(b.attention_mask),
-                            response_mask=np.asarray(b.response_mask), values=np.asarray(values),
-                            returns=np.asarray(values) + 1.0), mesh)
-    state, metrics = critic.update(state, mb)
-    assert {"critic/vf_loss", "critic/vf_loss/head0", "critic/vf_loss/head2"} <= set(metrics)
+    b = tiny_rows(rows=8)
+    host = {"input_ids": b.input_ids, "attention_mask": b.attention_mask, "response_mask": b.response_mask}
+    ids, att, rm = (on_mesh(np.asarray(x), mesh) for x in host.values())
+    with pytest.raises(ValueError, match="has 3 value heads"):
+        make_value_fn(critic.graphdef, WINDOW)(state.params, ids, att, rm)
+    value_mask = np.asarray(window_masks(jnp.asarray(b.response_mask), WINDOW)[1])[..., None]
+    returns = np.where(value_mask > 0, np.array([3.0, -2.0, 1.0]), 0.0).astype(np.float32)
+    history = []
+    for _ in range(3):
+        values = critic.value_fn(state.params, ids, att, rm)
+        assert values.shape == (8, WINDOW, 3)
+        mb = on_mesh(CriticRows(**host, values=np.asarray(values), returns=returns), mesh)
+        state, metrics = critic.update(state, mb)
+        history.append({k: float(v) for k, v in metrics.items()})
+    heads = [[m[f"critic/vf_loss/head{h}"] for m in history] for h in range(3)]
+    for h in range(3):
+        assert heads[h][-1] < heads[h][0]
+    np.testing.assert_allclose(history[0]["critic/vf_loss"], sum(x[0] for x in heads), rtol=1e-5)
+    assert 0 <= history[-1]["critic/vf_clipfrac"] <= 1
 
     ckpt = Checkpointer(tmp_path / "checkpoints")
     ckpt.save(1, {"params": {"w": jnp.zeros(2)}, "opt_state": {"m": jnp.zeros(2)},
