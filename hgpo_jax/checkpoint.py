@@ -107,6 +107,34 @@ class Checkpointer:
         out = self._manager.restore(steps[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return out["meta"]
 
+    def item_shapes(self, item: str, step: int | None = None):
+        """The array shapes of item `item` of checkpoint `step` (default: the newest): a tree like
+        the saved one with a shape tuple per array; no array is read. item: "state" (params and
+        opt_state) or another top-level key of the saved state (a PPO run's "critic"). Raises
+        CheckpointError when there is no such checkpoint or item, or its metadata does not read."""
+        steps = self.steps()
+        step = steps[-1] if step is None and steps else step
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint {'' if step is None else step} under "
+                                  f"{self.directory} (steps {steps})")
+        try:
+            with _quiet_absl():
+                reader = ocp.CheckpointManager(
+                    self.directory, item_handlers={item: ocp.StandardCheckpointHandler()},
+                    options=ocp.CheckpointManagerOptions(read_only=True, create=False,
+                                                         enable_async_checkpointing=False))
+                try:
+                    meta = reader.item_metadata(step)[item]
+                finally:
+                    reader.close()
+        except Exception as e:  # orbax raises many types for missing or damaged files
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: the shapes of item {item!r} "
+                                  f"do not read ({type(e).__name__}: {_first_line(e)})") from None
+        if meta is None:
+            raise CheckpointError(f"checkpoint {self.directory}/{step} has no item {item!r}")
+        return jax.tree.map(lambda a: tuple(a.shape), getattr(meta, "tree", meta),
+                            is_leaf=lambda a: hasattr(a, "shape"))
+
     def restore_latest(self, like: dict) -> tuple[dict, dict, int] | None:
         """The newest checkpoint that restores cleanly, as (state, meta, step); None if there are
         no checkpoints. Raises CheckpointError if checkpoints exist but none restores."""

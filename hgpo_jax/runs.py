@@ -262,7 +262,8 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
 
 
 def load_run_critic(run_dir: str, progress: bool = False):
-    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer)."""
+    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer); as
+    many value heads as the checkpoint's critic has."""
     from hgpo_jax.config import load_config
     from hgpo_jax.models.qwen2 import critic_from_policy
     from hgpo_jax.algo_specs import ALGORITHMS
@@ -274,14 +275,24 @@ def load_run_critic(run_dir: str, progress: bool = False):
         raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
                          f"{with_critic} run has a critic")
     policy, tokenizer, _ = load_model(run_dir, progress=progress)
-    graphdef, params = nnx.split(critic_from_policy(policy), nnx.Param)
-    like = {"critic": {"params": params, "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
+        heads = checkpoint_critic_heads(ckpt)
+        graphdef, params = nnx.split(critic_from_policy(policy, num_heads=heads), nnx.Param)
+        like = {"critic": {"params": params,
+                           "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
         state, _, _ = ckpt.restore_latest(like)
     finally:
         ckpt.close()
     return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
+
+
+def checkpoint_critic_heads(ckpt: Checkpointer) -> int:
+    """The value heads of the critic in a run's newest checkpoint (its `score` kernel [D, H]);
+    no array is read."""
+    kernel = ckpt.item_shapes("critic")["params"]["score"]["kernel"]  # nnx may wrap it: {"value": shape}
+    (shape,) = jax.tree.leaves(kernel, is_leaf=lambda x: isinstance(x, tuple))
+    return int(shape[-1])
 
 
 def check_process_mesh(mesh, mesh_cfg) -> None:

@@ -21,12 +21,13 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from hgpo_jax.models.config import Qwen2Config, resolve_dtype
-from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM, new_value_head
+from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM, check_num_heads, new_value_head
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+VALUE_HEAD = "score.weight"  # a critic's value heads, [H, D] (Qwen2ForTokenClassification)
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
@@ -67,11 +68,13 @@ def _dotted(path: tuple) -> str:
 
 
 def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, critic: bool = False,
-                   **options):
+                   num_heads: int = 1, **options):
     """(graphdef, flat abstract state) of a model with that config; allocates no weights.
     options: Qwen2ForCausalLM's keyword options (scan_layers, attention, remat); critic: a
-    Qwen2Critic (value head, no LM head)."""
+    Qwen2Critic (`num_heads` value heads, no LM head)."""
     compute_dtype = compute_dtype or dtype
+    if critic:
+        options["num_heads"] = num_heads
     cls = Qwen2Critic if critic else Qwen2ForCausalLM
     model = nnx.eval_shape(lambda: cls(config, dtype=compute_dtype, param_dtype=dtype,
                                        rngs=nnx.Rngs(0), **options))
@@ -79,16 +82,51 @@ def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, 
     return graphdef, nnx.to_flat_state(state)
 
 
+def label_count(config: Qwen2Config) -> int | None:
+    """The labels config.json declares (`num_labels`, else the length of `id2label`; transformers
+    keeps only the latter); None when it declares none."""
+    if "num_labels" in config.extra:
+        return int(config.extra["num_labels"])
+    labels = config.extra.get("id2label")
+    return len(labels) if labels else None
+
+
+def critic_heads(config: Qwen2Config, head_shape: tuple[int, ...] | None, num_heads: int | None,
+                 folder: str = "model folder") -> int:
+    """The value heads of a critic loaded from a folder.
+
+    head_shape: the folder's `score.weight` shape [H, D], None when it has none (a causal LM's
+      folder: the heads are new, `num_heads` of them, default 1).
+    A folder with a head has H of them: config.json's labels (`label_count`) and `num_heads`,
+    when given, must say H too. Raises CheckpointError saying which disagrees."""
+    if head_shape is None:
+        return check_num_heads(1 if num_heads is None else num_heads)
+    heads = int(head_shape[0])
+    labels = label_count(config)
+    if labels is not None and labels != heads:
+        raise CheckpointError(f"{folder}: config.json declares {labels} labels but {VALUE_HEAD} "
+                              f"holds {heads} value heads {tuple(head_shape)}; fix num_labels / "
+                              "id2label in config.json")
+    if num_heads is not None and check_num_heads(num_heads) != heads:
+        raise CheckpointError(f"{folder}: the critic has {heads} value heads, not the "
+                              f"{num_heads} asked for; load it with num_heads={heads} (or None), "
+                              "or start new heads from the policy's folder")
+    return heads
+
+
 def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_dtype: str | None = None,
                     mesh: jax.sharding.Mesh | None = None, progress: bool = False,
                     scan_layers: bool = False, attention: str = "auto",
-                    remat: bool = False, critic: bool = False, seed: int = 0) -> Qwen2ForCausalLM:
+                    remat: bool = False, critic: bool = False, seed: int = 0,
+                    num_heads: int | None = None) -> Qwen2ForCausalLM:
     """Load an HF Qwen2 folder (config.json + model.safetensors or a sharded index).
 
-    critic: load it as a `Qwen2Critic` (as transformers' `Qwen2ForTokenClassification`,
-      num_labels=1, does): the backbone's tensors, and the value head `score.*` when the folder has
-      one (an exported critic); otherwise (a causal LM's folder, verl's critic start) the head is
-      new, N(0, 0.02) weights from `seed` and a zero bias. The LM head is never read.
+    critic: load it as a `Qwen2Critic` (as transformers' `Qwen2ForTokenClassification` does):
+      the backbone's tensors, and the value heads `score.*` when the folder has them (an exported
+      critic: as many heads as it has, config.json's num_labels); otherwise (a causal LM's folder,
+      verl's critic start) `num_heads` new heads (default 1), N(0, 0.02) weights from `seed` and a
+      zero bias. The LM head is never read. num_heads: the heads expected (`critic_heads`); None
+      takes the folder's.
     scan_layers, attention, remat: the model's options (Qwen2ForCausalLM); with scan_layers the
       per-layer tensors are stacked on the host, one weight at a time.
     dtype: storage dtype of the weights ('float32' or 'bfloat16'); the checkpoint's own dtype is
@@ -102,10 +140,13 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     config = Qwen2Config.from_json_file(os.path.join(folder, "config.json"))
     reader = CheckpointReader(folder)
     np_dtype = np.dtype(resolve_dtype(dtype))
-    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype, critic=critic,
-                                    scan_layers=scan_layers, attention=attention, remat=remat)
-
     available = set(reader.keys())
+    heads = (critic_heads(config, reader.shape(VALUE_HEAD) if VALUE_HEAD in available else None,
+                          num_heads, folder) if critic else 1)
+    graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype, critic=critic,
+                                    num_heads=heads, scan_layers=scan_layers, attention=attention,
+                                    remat=remat)
+
     loaded, used = [], set()
     for fpath, var in tqdm(list(flat), desc="load weights", unit="tensor", disable=not progress):
         names, transpose = hf_tensor_names(fpath, config.num_hidden_layers)
@@ -172,7 +213,8 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
                     max_shard_size: int | str = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
                     tokenizer=None) -> str:
     """Write an HF Qwen2 folder that `transformers.AutoModelForCausalLM.from_pretrained` loads
-    (a `Qwen2Critic`: `AutoModelForTokenClassification`, one label).
+    (a `Qwen2Critic`: `AutoModelForTokenClassification`, one label per value head:
+    `critic_hf_config`).
 
     Tensors carry HF's names and layouts; files are split past `max_shard_size` bytes (with a
     `model.safetensors.index.json`). Everything is written to a temporary sibling folder and renamed
@@ -244,9 +286,8 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
             with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
         hf_config = model.config.to_hf_dict(dtype=np_dtype.name)
-        if isinstance(model, Qwen2Critic):  # transformers' class for a token-level scalar head
-            hf_config.update(architectures=["Qwen2ForTokenClassification"],
-                             id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+        if isinstance(model, Qwen2Critic):
+            hf_config = critic_hf_config(hf_config, model.num_heads)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
         if tokenizer is not None:
@@ -256,6 +297,16 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def critic_hf_config(hf_config: dict, num_heads: int) -> dict:
+    """An HF config dict as a critic's: transformers' class for token-level heads,
+    `Qwen2ForTokenClassification`, with `num_heads` labels (`num_labels` and the `id2label` /
+    `label2id` maps transformers counts them from)."""
+    labels = [f"LABEL_{h}" for h in range(num_heads)]
+    return {**hf_config, "architectures": ["Qwen2ForTokenClassification"], "num_labels": num_heads,
+            "id2label": {str(h): name for h, name in enumerate(labels)},
+            "label2id": {name: h for h, name in enumerate(labels)}}
 
 
 def _replace_dir(src: str, dst: str) -> None:

@@ -16,6 +16,8 @@ and RoPE positions count real tokens only, so a left-padded row gives the logits
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
@@ -557,21 +559,24 @@ class Qwen2ForCausalLM(nnx.Module):
 
 
 class Qwen2Critic(Qwen2ForCausalLM):
-    """A Qwen2 backbone with a scalar value head and no LM head: Hugging Face's
-    `Qwen2ForTokenClassification` with `num_labels=1`, the critic verl builds for PPO.
+    """A Qwen2 backbone with `num_heads` value heads and no LM head: Hugging Face's
+    `Qwen2ForTokenClassification` with `num_labels=num_heads` (1: the critic verl builds for PPO).
 
-    `critic(input_ids, attention_mask=...)` -> values float32 [B, T], one per position (the value
-    of the state that the tokens up to and including that position make). The head `score` is a
-    Linear(hidden, 1) with a bias, initialized as transformers does a missing head: N(0, 0.02)
-    weights, zero bias. The options are Qwen2ForCausalLM's.
+    `critic(input_ids, attention_mask=...)` -> values float32 [B, T] with one head, [B, T, H] with
+    H = num_heads > 1, one per position (the value of the state that the tokens up to and
+    including that position make; head h is one learned value, e.g. of one level of a hierarchy).
+    The head `score` is a Linear(hidden, num_heads) with a bias, initialized as transformers does
+    a missing head: N(0, 0.02) weights, zero bias. The options are Qwen2ForCausalLM's.
     """
 
     def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
-                 rngs: nnx.Rngs | None = None, **options):
+                 rngs: nnx.Rngs | None = None, num_heads: int = 1, **options):
+        num_heads = check_num_heads(num_heads)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs, lm_head=False,
                          **options)
-        self.score = nnx.Linear(config.hidden_size, 1, use_bias=True, kernel_init=_INIT,
+        self.num_heads = num_heads
+        self.score = nnx.Linear(config.hidden_size, num_heads, use_bias=True, kernel_init=_INIT,
                                 bias_init=nnx.initializers.zeros_init(), dtype=self.dtype,
                                 param_dtype=self.param_dtype, rngs=rngs)
 
@@ -582,16 +587,26 @@ class Qwen2Critic(Qwen2ForCausalLM):
         return self.values(hidden)
 
     def values(self, hidden):
-        """Final hidden states [..., D] -> values float32 [...]."""
-        return self.score(hidden)[..., 0].astype(jnp.float32)
+        """Final hidden states [..., D] -> values float32 [...] (one head: the head axis dropped)
+        or [..., H] (H = num_heads > 1)."""
+        values = self.score(hidden).astype(jnp.float32)
+        return values[..., 0] if self.num_heads == 1 else values
 
     def logits(self, hidden):
         raise TypeError("a Qwen2Critic has no LM head: use values()")
 
 
+def check_num_heads(num_heads) -> int:
+    """`num_heads` as an int >= 1 (a critic's value heads); ValueError otherwise."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1:
+        raise ValueError(f"a critic needs num_heads >= 1 value heads (an int), got {num_heads!r}")
+    return int(num_heads)
+
+
 def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int):
-    """A new critic head's `kernel` (N(0, 0.02), transformers' initializer_range) or `bias` (0),
-    as a host (NumPy) array."""
+    """A new critic head's `kernel` [D, H] (N(0, 0.02), transformers' initializer_range) or `bias`
+    [H] (0), as a host (NumPy) array; one key for the whole kernel, so H = 1 draws what it always
+    has for `seed`."""
     import numpy as np
 
     if leaf == "bias":
@@ -599,14 +614,15 @@ def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int):
     return (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32))).astype(dtype)
 
 
-def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0) -> Qwen2Critic:
+def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0, num_heads: int = 1) -> Qwen2Critic:
     """A Qwen2Critic whose backbone is a copy of `policy`'s (same layout, dtypes, placement and
-    options) with a new value head: verl's critic, started from the policy's checkpoint."""
+    options) with `num_heads` new value heads (`new_value_head`, seeded with `seed`): verl's
+    critic, started from the policy's checkpoint."""
     options = dict(remat=policy.remat, batch_mesh=policy.batch_mesh, scan_layers=policy.scan_layers,
                    attention=policy.attention)
     abstract = nnx.eval_shape(lambda: Qwen2Critic(policy.config, dtype=policy.dtype,
                                                   param_dtype=policy.param_dtype,
-                                                  rngs=nnx.Rngs(0), **options))
+                                                  rngs=nnx.Rngs(0), num_heads=num_heads, **options))
     graphdef, state = nnx.split(abstract)
     backbone = dict(nnx.to_flat_state(nnx.state(policy.model)))
     filled = []

@@ -29,7 +29,7 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp\.down_proj\.kernel$", P("tensor", "fsdp")),
     (r"norm\.scale$", P()),
     (r"lm_head\.kernel$", P("fsdp", "tensor")),
-    (r"^score\.(kernel|bias)$", P()),  # the critic's value head: [D, 1] and [1], replicated
+    (r"^score\.(kernel|bias)$", P()),  # the critic's value head: [D, H] and [H], replicated
 )
 
 

@@ -20,6 +20,8 @@ import flax.struct
 import jax
 import numpy as np
 
+from hgpo_jax.models.qwen2 import check_num_heads
+
 
 @dataclasses.dataclass
 class TrainBatch:
@@ -46,12 +48,22 @@ class TrainBatch:
 
 
 # --------------------------------------------------------------------------- device batches
-def rows_field(ndim: int, dtype=np.float32, *, optional: bool = False, inert: bool = False):
+def rows_field(ndim: int, dtype=np.float32, *, optional: bool = False, inert: bool = False,
+               heads: bool = False):
     """A batch field: an array of `ndim` dims whose first is the rows ([M] or [M, L]), of
     `dtype`. optional: None unless asked for (`TokenRows.spec(include=...)`). inert: zero in an
-    inert row (`gather_rows`), as a mask or a loss weight is."""
+    inert row (`gather_rows`), as a mask or a loss weight is. heads: one value per critic head,
+    a trailing head axis H after those dims when there are several ([M, W] for one head,
+    [M, W, H] for H > 1: `TokenRows.spec(num_heads=H)`)."""
     kwargs = {"default": None} if optional else {}
-    return flax.struct.field(metadata={"ndim": ndim, "dtype": dtype, "inert": inert}, **kwargs)
+    return flax.struct.field(metadata={"ndim": ndim, "dtype": dtype, "inert": inert,
+                                       "heads": heads}, **kwargs)
+
+
+def head_axis(num_heads: int) -> tuple[int, ...]:
+    """The trailing shape of a `heads` field: () for one head (today's arrays), (H,) for H > 1."""
+    num_heads = check_num_heads(num_heads)
+    return () if num_heads == 1 else (num_heads,)
 
 
 Rows = TypeVar("Rows", bound="TokenRows")
@@ -75,17 +87,20 @@ class TokenRows:
 
     @classmethod
     def spec(cls: type[Rows], rows: int = 1, length: int = 8, *, include: Sequence[str] = (),
-             ndims: Mapping[str, int] | None = None) -> Rows:
+             ndims: Mapping[str, int] | None = None, num_heads: int = 1) -> Rows:
         """The batch as `jax.ShapeDtypeStruct`s of [rows] or [rows, length] (the fields' declared
-        ranks, or `ndims`' for the named ones): what a jitted step's shardings and abstract
+        ranks, or `ndims`' for the named ones), and a trailing head axis [..., num_heads] on the
+        `heads` fields when num_heads > 1: what a jitted step's shardings and abstract
         evaluations are made from. Optional fields are None unless in `include`."""
         ndims = dict(ndims or {})
+        tail = head_axis(num_heads)
         out = {}
         for f in dataclasses.fields(cls):
             if f.default is None and f.name not in include:
                 continue
             ndim = ndims.pop(f.name, f.metadata["ndim"])
-            out[f.name] = jax.ShapeDtypeStruct((rows, length)[:ndim], f.metadata["dtype"])
+            shape = (rows, length)[:ndim] + (tail if f.metadata.get("heads") else ())
+            out[f.name] = jax.ShapeDtypeStruct(shape, f.metadata["dtype"])
         if ndims:
             raise ValueError(f"{cls.__name__}.spec: no fields {sorted(ndims)}")
         return cls(**out)
@@ -121,19 +136,22 @@ class PolicyRows(TokenRows):
 
 @flax.struct.dataclass
 class CriticRows(TokenRows):
-    """The critic update's rows: `TokenRows` and values, returns float32 [M, W] (the value model's
-    old predictions and the GAE returns over the response window)."""
+    """The critic update's rows: `TokenRows` and values, returns float32 [M, W] for a critic of
+    one head, [M, W, H] for H > 1 (the value model's old predictions and the returns over the
+    response window, per head)."""
 
-    values: Any = rows_field(2)
-    returns: Any = rows_field(2)
+    values: Any = rows_field(2, heads=True)
+    returns: Any = rows_field(2, heads=True)
 
     @classmethod
-    def spec(cls, rows: int = 1, length: int = 8, *, window: int | None = None, **kwargs) -> CriticRows:
-        """`TokenRows.spec` with values and returns [rows, window] (default: `length`)."""
-        out = super().spec(rows, length, **kwargs)
+    def spec(cls, rows: int = 1, length: int = 8, *, window: int | None = None,
+             num_heads: int = 1, **kwargs) -> CriticRows:
+        """`TokenRows.spec` with values and returns [rows, window] (window default: `length`),
+        [rows, window, num_heads] when num_heads > 1."""
+        out = super().spec(rows, length, num_heads=num_heads, **kwargs)
         if window is None:
             return out
-        values = jax.ShapeDtypeStruct((rows, window), out.values.dtype)
+        values = jax.ShapeDtypeStruct((rows, window) + head_axis(num_heads), out.values.dtype)
         return out.replace(values=values, returns=values)
 
 
@@ -232,9 +250,9 @@ def minibatch_indices(num_rows: int, mini_batch_size: int, rng: np.random.Genera
 
 
 def gather_rows(batch: Rows, idx: np.ndarray) -> Rows:
-    """Rows `idx` [M] of every [S, ...] host array of `batch`; index -1 gives an inert row (its
-    `inert` fields, the masks, advantages and loss weights, 0: it adds nothing to the loss or
-    its gradient)."""
+    """Rows `idx` [M] of every [S, ...] host array of `batch` (any trailing axes, a head axis
+    included, come along); index -1 gives an inert row (its `inert` fields, the masks, advantages
+    and loss weights, 0: it adds nothing to the loss or its gradient)."""
     pad = idx < 0
     out = {k: v[np.where(pad, 0, idx)].copy() for k, v in _arrays(batch).items()}
     for f in dataclasses.fields(batch):

@@ -23,6 +23,11 @@ What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
 Layout: every [S, W] array here is a row's response window (`rl.update.response_window`): column t
 is response token t, W = rollout.max_new_tokens (verl's response_length). `rl.update.window_to_rows`
 puts a window array back at the rows' token positions [S, L] for the actor's loss.
+
+Heads: a critic may have H value heads (`models.Qwen2Critic(num_heads=H)`). With one head (PPO)
+values and returns are [S, W] as above; with H > 1 they carry a trailing head axis, [S, W, H], and
+the critic's loss (`critic_value_loss`) is the sum over heads of each head's clipped value loss,
+each over its own value mask. GAE and whitening (`gae_advantages`) read one head's [S, W] values.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hgpo_jax.algo_specs import ALGORITHMS
-from hgpo_jax.rl.batching import CriticRows
+from hgpo_jax.rl.batching import CriticRows, head_axis
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.update import batch_sharding, make_update_step, window_predictors, window_to_rows
 
@@ -56,11 +61,14 @@ def window_masks(response_mask, window: int):
 
 
 def token_values(critic, input_ids, attention_mask, response_mask, window: int):
-    """V_t for each response window position: float32 [S, W], 0 outside the value mask.
-    input_ids, attention_mask, response_mask: [S, L], right-padded rows."""
+    """V_t for each response window position: float32 [S, W] for a critic of one head, [S, W, H]
+    for H > 1 heads; 0 outside the value mask. input_ids, attention_mask, response_mask: [S, L],
+    right-padded rows."""
     hidden, _ = critic.hidden_states(input_ids, attention_mask=attention_mask, right_padded=True)
     h = window_predictors(hidden, response_mask, window)                    # [S, W, D]
-    return critic.values(h) * window_masks(response_mask, window)[1]
+    values = critic.values(h)                                               # [S, W] or [S, W, H]
+    value_mask = window_masks(response_mask, window)[1]                    # [S, W]
+    return values * (value_mask if values.ndim == 2 else value_mask[..., None])
 
 
 def row_rewards_window(rewards, response_mask, window: int):
@@ -108,37 +116,96 @@ def gae_advantages(rewards, values, response_mask, window: int, gamma: float, la
     return window_to_rows(adv * token_mask, response_mask), returns, metrics
 
 
-def value_loss(vpred, old_values, returns, value_mask, clip: float):
-    """(loss, metrics): the clipped value loss, token-mean over `value_mask`, and the fraction of
-    positions where the clipped term is the larger. All [S, W]."""
+def clipped_square_errors(vpred, old_values, returns, clip: float):
+    """(l1, l2): (v - R)^2 and (clip(v, V_old - c, V_old + c) - R)^2, elementwise (any shape)."""
     clipped = old_values + jnp.clip(vpred - old_values, -clip, clip)
-    l1, l2 = jnp.square(vpred - returns), jnp.square(clipped - returns)
+    return jnp.square(vpred - returns), jnp.square(clipped - returns)
+
+
+def value_loss(vpred, old_values, returns, value_mask, clip: float):
+    """(loss, metrics): one head's clipped value loss, token-mean over `value_mask` (0 when the
+    mask is empty), and the fraction of positions where the clipped term is the larger. All
+    [S, W]."""
+    l1, l2 = clipped_square_errors(vpred, old_values, returns, clip)
     loss = masked_mean(jnp.maximum(l1, l2), value_mask)
     return loss, {"vf_loss": loss, "vf_clipfrac": masked_mean((l2 > l1).astype(jnp.float32), value_mask),
                   "vpred_mean": masked_mean(vpred, value_mask)}
 
 
+def head_value_mask(value_mask, shape: tuple[int, ...]):
+    """A value mask for values of `shape` ([S, W] or [S, W, H]): [S, W] as it is for one head; for
+    H heads [S, W, H], each head's own, or [S, W], the same for every head (broadcast). Raises
+    ValueError on any other shape."""
+    mask_shape = tuple(value_mask.shape)
+    if mask_shape == tuple(shape):
+        return value_mask
+    if len(shape) == 3 and mask_shape == tuple(shape[:2]):
+        return jnp.broadcast_to(value_mask[..., None], shape)
+    raise ValueError(f"a value mask of shape {mask_shape} does not fit values of shape "
+                     f"{tuple(shape)}: give [S, W], or [S, W, H] (one mask per head)")
+
+
+def critic_value_loss(vpred, old_values, returns, value_mask, clip: float):
+    """(loss, metrics): the critic's value loss over its heads.
+
+    One head: vpred, old_values, returns, value_mask [S, W], `value_loss` as it is.
+    H > 1 heads: vpred, old_values, returns [S, W, H]; value_mask [S, W, H] (each head's own
+    positions) or [S, W] (the same for every head). The loss is the sum over heads of each head's
+    `value_loss` (its token-mean over its own mask; a head whose mask is empty adds 0). Metrics:
+    vf_loss (that sum), vf_clipfrac and vpred_mean over every head's masked positions together,
+    and per head `vf_loss/head{h}`, `vf_clipfrac/head{h}`, `vpred_mean/head{h}`.
+    """
+    if not vpred.shape == old_values.shape == returns.shape:
+        raise ValueError(f"critic_value_loss: vpred {vpred.shape}, old_values {old_values.shape} "
+                         f"and returns {returns.shape} must have one shape ([S, W] or [S, W, H])")
+    mask = head_value_mask(value_mask, vpred.shape)
+    if vpred.ndim == 2:
+        return value_loss(vpred, old_values, returns, mask, clip)
+    per_head = [value_loss(vpred[..., h], old_values[..., h], returns[..., h], mask[..., h], clip)
+                for h in range(vpred.shape[-1])]
+    loss = sum(head_loss for head_loss, _ in per_head)
+    l1, l2 = clipped_square_errors(vpred, old_values, returns, clip)
+    metrics = {"vf_loss": loss, "vf_clipfrac": masked_mean((l2 > l1).astype(jnp.float32), mask),
+               "vpred_mean": masked_mean(vpred, mask)}
+    for h, (_, head_metrics) in enumerate(per_head):
+        metrics.update({f"{name}/head{h}": v for name, v in head_metrics.items()})
+    return loss, metrics
+
+
 def critic_micro_loss(clip: float, window: int):
-    """micro_loss(critic, micro: `CriticRows`) -> (loss, metrics) for `make_update_step`."""
+    """micro_loss(critic, micro: `CriticRows`) -> (loss, metrics) for `make_update_step`: the
+    critic's `critic_value_loss`, every head over the rows' value mask."""
     def micro_loss(critic, micro: CriticRows):
         vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
                              window)
         value_mask = window_masks(micro.response_mask, window)[1]
-        loss, metrics = value_loss(vpred, micro.values, micro.returns, value_mask, clip)
+        loss, metrics = critic_value_loss(vpred, micro.values, micro.returns, value_mask, clip)
         return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
     return micro_loss
 
 
-def make_value_fn(graphdef, window: int, mesh: Mesh | None = None, shardings=None):
-    """jit(critic params, input_ids, attention_mask, response_mask [S, L]) -> values [S, W]."""
+def _merge_critic(graphdef, params, num_heads: int):
+    """The critic of `graphdef` and `params`, checked to have `num_heads` value heads."""
+    critic = nnx.merge(graphdef, params)
+    if getattr(critic, "num_heads", 1) != num_heads:
+        raise ValueError(f"the critic has {critic.num_heads} value heads but its functions were "
+                         f"built for num_heads={num_heads}; pass num_heads={critic.num_heads}")
+    return critic
+
+
+def make_value_fn(graphdef, window: int, mesh: Mesh | None = None, shardings=None,
+                  num_heads: int = 1):
+    """jit(critic params, input_ids, attention_mask, response_mask [S, L]) -> values [S, W]
+    (num_heads=1) or [S, W, H] (num_heads=H > 1)."""
     def fn(params, input_ids, attention_mask, response_mask):
-        return token_values(nnx.merge(graphdef, params), input_ids, attention_mask, response_mask,
-                            window)
+        return token_values(_merge_critic(graphdef, params, num_heads), input_ids, attention_mask,
+                            response_mask, window)
 
     if mesh is None:
         return jax.jit(fn)
     b2 = batch_sharding(mesh, 2)
-    return jax.jit(fn, in_shardings=(shardings, b2, b2, b2), out_shardings=b2)
+    out = batch_sharding(mesh, 2 + len(head_axis(num_heads)))
+    return jax.jit(fn, in_shardings=(shardings, b2, b2, b2), out_shardings=out)
 
 
 def make_gae_fn(window: int, gamma: float, lam: float, mesh: Mesh | None = None):
@@ -152,12 +219,14 @@ def make_gae_fn(window: int, gamma: float, lam: float, mesh: Mesh | None = None)
 
 
 def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
-                     mesh: Mesh | None = None, shardings=None, opt_shardings=None):
+                     mesh: Mesh | None = None, shardings=None, opt_shardings=None,
+                     num_heads: int = 1):
     """jit(critic params, opt_state, mb) -> (params, opt_state, metrics): one critic update on a
-    mini-batch (`CriticRows`), micro-batch token-means averaged (as verl's accumulation);
-    metrics `train/vf_loss`, `train/vf_clipfrac`, ... are renamed `critic/...` by the caller."""
+    mini-batch (`CriticRows`, values and returns [M, W], or [M, W, H] for num_heads=H > 1),
+    micro-batch token-means averaged (as verl's accumulation); metrics `train/vf_loss`,
+    `train/vf_clipfrac`, ... (`critic_value_loss`) are renamed `critic/...` by the caller."""
     return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro,
-                            CriticRows.spec(), mesh, shardings, opt_shardings)
+                            CriticRows.spec(num_heads=num_heads), mesh, shardings, opt_shardings)
 
 
 # --------------------------------------------------------------------------- the run's critic
@@ -187,26 +256,31 @@ class Critic:
     (`models.qwen2.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
     """
 
-    def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int):
+    def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int,
+                 num_heads: int = 1):
         c, window = cfg.critic, cfg.rollout.max_new_tokens
         self.graphdef, self.shardings, self.opt_shardings = graphdef, shardings, opt_shardings
+        self.num_heads = num_heads
         self.tx = critic_optimizer(cfg)
-        self.value_fn = make_value_fn(graphdef, window, mesh, shardings)
-        self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)
+        self.value_fn = make_value_fn(graphdef, window, mesh, shardings, num_heads)
+        self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)  # one head's values
         self.step_fn = make_critic_step(graphdef, self.tx, c.cliprange_value, window, num_micro,
-                                        mesh, shardings, opt_shardings)
+                                        mesh, shardings, opt_shardings, num_heads)
 
     @classmethod
-    def build(cls, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0) -> tuple[Critic, CriticState]:
-        """(the critic's functions, its initial state) from the policy."""
+    def build(cls, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0,
+              num_heads: int = 1) -> tuple[Critic, CriticState]:
+        """(the critic's functions, its initial state) from the policy, with `num_heads` value
+        heads (values [S, W] for one, [S, W, H] for H > 1)."""
         from hgpo_jax.models.qwen2 import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
-        graphdef, params = nnx.split(critic_from_policy(policy, seed), nnx.Param)
+        graphdef, params = nnx.split(critic_from_policy(policy, seed, num_heads), nnx.Param)
         shardings = param_shardings(mesh, params)
         params = shard_params(params, mesh)
         opt_state, opt_shardings = init_opt_state(critic_optimizer(cfg), params, mesh)
-        return cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro), CriticState(params, opt_state)
+        return (cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro, num_heads),
+                CriticState(params, opt_state))
 
     def update(self, state: CriticState, mb: CriticRows) -> tuple[CriticState, dict]:
         """One critic optimizer step on mini-batch `mb` -> (state, metrics

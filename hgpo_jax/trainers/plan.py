@@ -152,8 +152,10 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
     if spec.has_critic:  # the critic lives beside the policy all run; its step runs before the actor's
+        heads = spec.critic_heads
         out.update(plan_critic(cfg, model_cfg, mesh, attention,
-                               _sharded(CriticRows.spec(M, L, window=W), mesh)))
+                               _sharded(CriticRows.spec(M, L, window=W, num_heads=heads), mesh),
+                               num_heads=heads))
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
         out["peak_bytes"] = max(out["peak_bytes"] + out["critic_params_bytes"] + out["critic_opt_bytes"],
                                 out["critic_step_bytes"] + resident_policy)
@@ -170,24 +172,32 @@ def _sharded(spec, mesh):
                         spec, batch_shardings(mesh, spec))
 
 
-def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRows) -> dict:
-    """Per-device bytes of a PPO run's critic (`rl.critic`): its weights, its AdamW state and the
-    peak of its update step (arguments + temporaries)."""
+def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRows,
+                num_heads: int = 1) -> dict:
+    """Per-device bytes of a run's critic (`rl.critic`) of `num_heads` value heads: its weights,
+    its AdamW state and the peak of its update step (arguments + temporaries). mb: the abstract
+    mini-batch, `CriticRows.spec(..., num_heads=num_heads)`."""
     from hgpo_jax.models.qwen2 import Qwen2Critic
+    from hgpo_jax.rl.batching import head_axis
     from hgpo_jax.rl.critic import critic_optimizer, make_critic_step
 
+    if tuple(mb.values.shape[2:]) != head_axis(num_heads):
+        raise ValueError(f"plan_critic: mini-batch values {tuple(mb.values.shape)} do not fit "
+                         f"{num_heads} value heads; make it with CriticRows.spec(..., "
+                         f"num_heads={num_heads})")
     t, c = cfg.train, cfg.critic
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2Critic(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype, rngs=nnx.Rngs(0),
-        remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention)),
-        nnx.Param)
+        remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention,
+        num_heads=num_heads)), nnx.Param)
     shardings = param_shardings(mesh, params)
     tx = critic_optimizer(cfg)
     opt_shardings = opt_state_shardings(tx, params, mesh)
     abs_params = _abstract(params, shardings)
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
     step = make_critic_step(graphdef, tx, c.cliprange_value, cfg.rollout.max_new_tokens,
-                            t.mini_batch_size // t.micro_batch_size, mesh, shardings, opt_shardings)
+                            t.mini_batch_size // t.micro_batch_size, mesh, shardings, opt_shardings,
+                            num_heads)
     mem = step.lower(abs_params, abs_opt, mb).compile(
         compiler_options=plan_compiler_options(mesh)).memory_analysis()
     return {"critic_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),

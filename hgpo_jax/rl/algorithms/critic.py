@@ -26,7 +26,8 @@ class CriticAlgorithm(Algorithm):
         self.critic: Critic | None = None  # its functions, made with its state (init_state)
 
     def init_state(self, policy, seed: int):
-        self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed)
+        self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed,
+                                          num_heads=self.spec.critic_heads)
         return state
 
     def rewards(self, rows: StepRows) -> np.ndarray:
