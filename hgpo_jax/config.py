@@ -109,11 +109,18 @@ class EnvConfig:
     seed: int = 0  # webshop: the goal order and the prices of ranged products (verl-agent's env.seed)
     max_steps: int = 50  # T: env steps per episode
     memory_len: int = 2  # H: steps of memory in the prompt
-    projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/envs.md)
     reward: str = "default"  # training reward: default (the authors') | the env's others (webshop: score, 10 x task score)
     num_workers: int = 4  # env worker processes
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
     reset_timeout: float = 300.0  # seconds before a stuck env reset counts as failed
+
+
+@dataclass
+class AgentConfig:
+    """The agent: prompt template, reply format and memory (docs/agents.md)."""
+
+    name: str = "verl-agent"  # reply format: verl-agent (think/action, the authors')
+    projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/agents.md)
 
 
 @dataclass
@@ -284,6 +291,7 @@ class Config:
     name: str = "hgpo_k2_alfworld_qwen2.5_1.5b"  # run name; fills {name} in train.run_dir
     model: ModelConfig = field(default_factory=ModelConfig)  # policy model
     env: EnvConfig = field(default_factory=EnvConfig)  # environment
+    agent: AgentConfig = field(default_factory=AgentConfig)  # prompt and reply format
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling
     algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages and loss
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
@@ -450,6 +458,7 @@ RENAMED_KEYS: dict[tuple[str, str], tuple[str, str, Any]] = {
     ("rollout", "eval_temperature"): ("eval", "temperature", None),
     ("train", "eval_every"): ("eval", "every", None),
     ("train", "eval_games"): ("eval", "games", None),
+    ("env", "projection"): ("agent", "projection", None),
     # was a (negative) reward added to invalid steps; now a positive amount subtracted
     ("rollout", "invalid_penalty"): ("algo", "invalid_penalty", _negate),
 }
@@ -783,7 +792,7 @@ def _short(value: Any) -> str:
 @lru_cache(maxsize=1)
 def allowed_values() -> dict[str, tuple[str, ...]]:
     """Allowed names: the algorithm's (above) and those of the envs and models (imported lazily)."""
-    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.agents import agent_names, projection_names
     from hgpo_jax.envs.registry import env_names
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
@@ -791,7 +800,8 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
-            "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS),
+            "agent": agent_names(), "projection": projection_names(),
+            "protocol": tuple(EVAL_PROTOCOLS),
             "attention": tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")}
 
 
@@ -814,6 +824,13 @@ def _env_rewards(name: str) -> tuple[str, ...]:
     from hgpo_jax.envs.registry import env_names, get_env, reward_names
 
     return reward_names(get_env(name)) if name in env_names() else ()
+
+
+def _agent_spec(name: str):
+    """The registry entry of agent `name` (None for an unknown agent: its name is reported)."""
+    from hgpo_jax.agents.registry import agent_names, agent_spec
+
+    return agent_spec(name) if name in agent_names() else None
 
 
 def _semantic_problems(cfg: Config) -> list[str]:
@@ -852,7 +869,13 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if splits:
         one_of("env.split", e.split, splits)
     at_least("env.seed", e.seed, 0)
-    one_of("env.projection", e.projection, allowed["projection"])
+    one_of("agent.name", cfg.agent.name, allowed["agent"])
+    agent = _agent_spec(cfg.agent.name)
+    one_of("agent.projection", cfg.agent.projection,
+           agent.projections if agent else allowed["projection"])
+    if agent and e.name in allowed["env"]:
+        check(e.name in agent.envs, "agent.name", cfg.agent.name, f"an agent with a prompt for "
+              f"env.name={e.name!r} (this one has prompts for {', '.join(agent.envs)})")
     rewards = _env_rewards(e.name)
     if rewards:
         one_of("env.reward", e.reward, rewards)

@@ -30,7 +30,7 @@ def test_defaults_are_the_paper_values():
     assert c.name == "hgpo_k2_alfworld_qwen2.5_1.5b"
     assert (c.model.path, c.model.dtype, c.model.compute_dtype) == (
         "Qwen/Qwen2.5-1.5B-Instruct", "float32", "bfloat16")
-    assert (c.env.name, c.env.split, c.env.projection) == ("alfworld", "train", "verl-agent")
+    assert (c.env.name, c.env.split, c.agent.projection) == ("alfworld", "train", "verl-agent")
     assert (c.env.max_steps, c.env.memory_len, c.env.data_dir) == (50, 2, None)
     r = c.rollout
     assert (r.group_size, r.num_groups, r.temperature) == (8, 16, 1.0)
@@ -62,7 +62,7 @@ def test_default_lists_are_not_shared():
 def test_allowed_values_come_from_the_consumers():
     from hgpo_jax.config import _env_splits, allowed_values
     from hgpo_jax.envs.alfworld import SPLITS
-    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.agents.verl_agent.projection import PROJECTIONS
     from hgpo_jax.envs.webshop import SPLITS as WEBSHOP_SPLITS
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS
@@ -80,7 +80,7 @@ def test_allowed_values_come_from_the_consumers():
 
 def test_format_config_is_compact_and_complete():
     text = format_config(Config())
-    assert text.count("\n") == 10  # a title and one line per section (10 sections)
+    assert text.count("\n") == 11  # a title and one line per section (11 sections)
     assert "estimator=hgpo" in text and "lr=1e-06" in text and "splits=[valid_seen,valid_unseen]" in text
 
 
@@ -292,7 +292,8 @@ def test_overrides_must_be_a_list():
     ("eval.batch_size=0", "eval.batch_size"),
     ("eval.games=-1", "eval.games"),
     ("eval.every=-2", "eval.every"),
-    ("env.projection=loose", "env.projection='loose' is not allowed; use one of verl-agent, strict"),
+    ("agent.projection=loose", "agent.projection='loose' is not allowed; use one of verl-agent, strict"),
+    ("agent.name=verl", "agent.name='verl' is not allowed; use one of verl-agent"),
     ("algo.invalid_penalty=-0.1", r"algo.invalid_penalty=-0.1: must be a finite number >= 0"),
     ("algo.penalty_placement=step", "algo.penalty_placement"),
     ("algo.stats=torch", "algo.stats"),
@@ -392,7 +393,7 @@ def test_paper_values(name):
     assert (c.rollout.temperature, c.rollout.max_new_tokens) == (1.0, 512)
     assert (c.algo.invalid_penalty, c.algo.penalty_placement, c.algo.stats, c.algo.level_weights) == (
         0.1, "row", "verl-agent", "verl-agent")
-    assert c.env.projection == "verl-agent" and c.algo.mode == "mean_std_norm"
+    assert c.agent.projection == "verl-agent" and c.algo.mode == "mean_std_norm"
     assert (c.optim.lr, c.algo.kl_coef, c.algo.kl_type, c.algo.entropy_coef) == (1e-6, 0.01, "low_var_kl", 0.001)
     assert (c.algo.clip_low, c.algo.clip_high, c.algo.gamma, c.algo.alpha) == (0.2, 0.2, 0.95, 1.0)
     assert c.train.mini_batch_size == 256
@@ -501,6 +502,7 @@ def test_tiny_configs():
     ("rollout.eval_temperature", "eval.temperature", "0.7", 0.7),
     ("train.eval_every", "eval.every", "5", 5),
     ("train.eval_games", "eval.games", "9", 9),
+    ("env.projection", "agent.projection", "strict", "strict"),
     ("rollout.invalid_penalty", "algo.invalid_penalty", "-0.1", 0.1),  # sign flipped
 ])
 def test_moved_keys_still_load_with_a_warning(tmp_path, old, new, value, expected):

@@ -6,6 +6,7 @@ import functools
 import numpy as np
 import pytest
 
+from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.alfworld import AlfworldEnv, list_games, task_type_of
 from hgpo_jax.envs.pool import EnvPool, EnvReply
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
@@ -126,7 +127,7 @@ def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
                  "open red door"]
     policy, pool = ReplayPolicy(replies), RecordingPool(2)
     batch = collect_rollouts(policy, pool, [0], group_size=2, max_steps=10, memory_len=2,
-                             intro="You are an agent in a small text world.")
+                             agent=get_agent("verl-agent", "toy"))
     assert pool.received == [projected, projected]
     np.testing.assert_array_equal(batch.step_id, np.repeat(np.arange(4), 2))  # rows by step
     np.testing.assert_array_equal(batch.valid, np.repeat([True, False, False, True], 2))
@@ -155,7 +156,7 @@ def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
         "'open blue door'\n 'open green door'].\n")
     with pytest.raises(ValueError, match="verl-agent"):
         collect_rollouts(policy, RecordingPool(2), [0], group_size=2, max_steps=2,
-                         projection="lenient")
+                         agent=get_agent("verl-agent", "toy", projection="lenient"))
 
 
 def test_strict_projection_in_rollouts_executes_the_empty_action():
@@ -163,7 +164,7 @@ def test_strict_projection_in_rollouts_executes_the_empty_action():
                "<action>go forward</action>", "<action>open red door</action>"]
     pool = RecordingPool(1)
     batch = collect_rollouts(ReplayPolicy(replies), pool, [0], group_size=1, max_steps=4,
-                             projection="strict")
+                             agent=get_agent("verl-agent", "alfworld", projection="strict"))
     assert pool.received == [["press red button", "", "go forward", "open red door"]]
     np.testing.assert_array_equal(batch.valid, [True, False, True, True])
     np.testing.assert_array_equal(batch.reward, [0.0, 0.0, 0.0, WIN_REWARD])
