@@ -15,7 +15,7 @@ from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import (Policy, collect_rollouts, default_spec, evaluate, mean_and_sem,
                                  play_each_once, summarize_episodes)
 from hgpo_jax.build import resolve_model_path
-from toy_policies import Out, RecordingPool, ScriptedToyPolicy
+from toy_policies import RecordingPool, ReplayPolicy, ScriptedToyPolicy
 
 
 @pytest.fixture(scope="module")
@@ -86,33 +86,6 @@ def test_memory_of_the_last_steps_is_in_the_prompt(tiny):
     assert "Action 2: 'go forward'" in prompt and "Action 3: 'go forward'" in prompt
     assert "Action 1:" not in prompt  # H = 2
     assert "Your task is to: open the door of the colour of the button you pressed" in prompt
-
-
-class CharTokenizer:
-    """One token per character, so prompts decode back to their exact text."""
-
-    eos_token_ids = ()
-
-    def decode(self, ids):
-        return "".join(map(chr, ids))
-
-
-@dataclasses.dataclass
-class ReplayPolicy:
-    """Gives the same scripted reply to every env at step t; records the prompt texts."""
-
-    replies: list
-    tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
-    prompts: list = dataclasses.field(default_factory=list)
-
-    def encode_prompt(self, text):
-        self.prompts.append(text)
-        return [ord(c) for c in text]
-
-    def generate(self, prompts, rng, row_ids=None):
-        reply = self.replies[len(self.prompts) // len(prompts) - 1]
-        tokens = [[ord(c) for c in reply] for _ in prompts]
-        return Out(tokens, [[-0.5] * len(t) for t in tokens])
 
 
 def test_rollout_steps_projected_actions_and_keeps_the_env_reward():

@@ -10,14 +10,13 @@ byte for byte, one per env:
 | env | prompt (`prompt`) | projection fallback |
 |---|---|---|
 | alfworld | `alfworld.build_prompt` (ALFWORLD_INTRO) | last 30 characters |
-| toy, toy-history | `alfworld.build_prompt`, TOY_INTRO its first sentence | last 30 characters |
+| toy, toy-history | `alfworld.build_toy_prompt` (TOY_INTRO) | last 30 characters |
 | webshop | `webshop.build_prompt` | last 20 characters |
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 
 from hgpo_jax.agents.base import Agent, Reply, Turn
@@ -33,7 +32,8 @@ class VerlAgent(Agent):
 
     build_prompt(task, observation, admissible_actions, history, memory_len) -> the user message;
     project(reply, rules) -> (action, valid), rules one of PROJECTIONS; projection: the rules
-    used. Picklable (module functions and partials of them)."""
+    used. Picklable (module functions, or partials of them: e.g.
+    `functools.partial(alfworld.build_prompt, intro=...)` for an unregistered env)."""
 
     build_prompt: Callable[..., str] = alfworld.build_prompt
     project: Callable[[str, str], tuple[str, bool]] = project_action
@@ -60,9 +60,8 @@ class VerlAgent(Agent):
 
 def env_formats() -> dict[str, tuple[Callable[..., str], Callable[[str, str], tuple[str, bool]]]]:
     """env name -> (prompt builder, projection) of the verl-agent agent (the module table)."""
-    toy = functools.partial(alfworld.build_prompt, intro=alfworld.TOY_INTRO)
-    return {"alfworld": (alfworld.build_prompt, project_action),
-            "toy": (toy, project_action), "toy-history": (toy, project_action),
+    toy = (alfworld.build_toy_prompt, project_action)
+    return {"alfworld": (alfworld.build_prompt, project_action), "toy": toy, "toy-history": toy,
             "webshop": (webshop.build_prompt, webshop.project)}
 
 

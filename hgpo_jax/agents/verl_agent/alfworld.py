@@ -71,3 +71,10 @@ def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
         intro=intro, task_description=task, step_count=len(history),
         history_length=shown, action_history=memory, current_step=len(history) + 1,
         current_observation=observation, admissible_actions=actions)
+
+
+def build_toy_prompt(task: str, observation: str, admissible_actions: Sequence[str],
+                     history: Sequence[Turn] = (), memory_len: int = 2) -> str:
+    """`build_prompt` with TOY_INTRO as its first sentence: the toy envs' prompt."""
+    return build_prompt(task, observation, admissible_actions, history, memory_len,
+                        intro=TOY_INTRO)
