@@ -60,7 +60,7 @@ def collect(iterations: int, out: str, seed: int) -> None:
                 batch = collect_rollouts(trainer.policy(r.temperature), trainer.pool,
                                          trainer.loop.tasks.next(r.num_groups), r.group_size,
                                          cfg.env.max_steps, cfg.env.memory_len, rng=sub,
-                                         spec=trainer.env_spec, projection=cfg.env.projection)
+                                         spec=trainer.env_spec, agent=trainer.agent)
                 records.append({"prompt": [len(p) for p in batch.prompt_ids],
                                 "response": [len(x) for x in batch.response_ids]})
                 print(f"iteration {it + 1}/{iterations}: {len(batch)} rows, "

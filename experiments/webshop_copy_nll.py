@@ -22,8 +22,9 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
+    from hgpo_jax.agents import get_agent
     from hgpo_jax.envs.episodes import play_episode
-    from hgpo_jax.envs.webshop import ENV_SPECS, SCORE_KEY, WebShopEnv
+    from hgpo_jax.envs.webshop import SCORE_KEY, WebShopEnv
     from hgpo_jax.envs.webshop.expert import InstructionShopper
     from hgpo_jax.rl.update import token_logprobs
     from hgpo_jax.runs import load_model
@@ -34,10 +35,10 @@ def main(argv=None) -> int:
     p.add_argument("--goals", type=int, default=15)
     args = p.parse_args(argv)
     model, tok, _ = load_model(args.model)
-    spec, env = ENV_SPECS["webshop"], WebShopEnv(seed=0, max_steps=15)
+    agent, env = get_agent("verl-agent", "webshop"), WebShopEnv(seed=0, max_steps=15)
     episodes = [play_episode(env, t, InstructionShopper("first"), 15, score_key=SCORE_KEY)
                 for t in range(args.goals)]
-    texts = samples_from_episodes(episodes, 2, spec.build_prompt)
+    texts = samples_from_episodes(episodes, 2, agent)
     stats = {"query": [], "id": [], "option": [], "other": []}
     for (_, response), s in zip(texts, tokenize_samples(texts, tok, 2560, 160)):
         ids = jnp.asarray([list(s.prompt_ids) + list(s.response_ids)])

@@ -106,13 +106,14 @@ def write_copy_mix(path: str, goals: int, seed: int = 0) -> str:
     turns cut from those episodes' pages (`copy_turns`), shuffled."""
     import numpy as np
 
+    from hgpo_jax.agents import get_agent
     from hgpo_jax.config import EnvConfig
     from hgpo_jax.envs.webshop import ENV_SPECS
     from hgpo_jax.sft.data import samples_from_episodes
 
     spec, cfg = ENV_SPECS["webshop"], EnvConfig(name="webshop")
     episodes = spec.record_episodes(cfg, "train", goals, "first", seed=seed)
-    turns = samples_from_episodes(episodes, cfg.memory_len, spec.build_prompt)
+    turns = samples_from_episodes(episodes, cfg.memory_len, get_agent("verl-agent", "webshop"))
     rng = np.random.default_rng(seed)
     pages = [step.observation for ep in episodes for step in ep.steps]
     turns += copy_turns(pages, len(turns), rng)

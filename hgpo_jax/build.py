@@ -5,8 +5,9 @@ model folder, built once into the cache.
 
 A recipe that needs an env and a model together, so it lives above both: the tokenizer
 (`hgpo_jax.models.local.train_tokenizer`) is trained on the env's own text, the (prompt,
-response) turns of the episodes the env records (`EnvSpec.record_episodes`) rendered with the
-chat template (`hgpo_jax.sft.data`): toy env: expert and random episodes of its train tasks;
+response) turns of the episodes the env records (`EnvSpec.record_episodes`), written by the
+verl-agent agent (`hgpo_jax.agents`), rendered with the chat template (`hgpo_jax.sft.data`):
+toy env: expert and random episodes of its train tasks;
 ALFWorld: expert (walkthrough) episodes of 200 train games played on the real engine; WebShop:
 200 scripted purchases of train goals. The weights are random (`build_model`).
 """
@@ -28,8 +29,9 @@ VOCAB = {"toy": 1024, "alfworld": 4096, "webshop": 4096}
 
 
 def env_corpus(env: str) -> list[str]:
-    """The env's own text: its episodes' turns rendered with the chat template (toy: both the
-    'toy' and the 'toy-history' variant)."""
+    """The env's own text: its episodes' turns, as the verl-agent agent writes them, rendered
+    with the chat template (toy: both the 'toy' and the 'toy-history' variant)."""
+    from hgpo_jax.agents import DEFAULT_AGENT, get_agent
     from hgpo_jax.envs.registry import get_env
     from hgpo_jax.envs.toy import toy_episodes
     from hgpo_jax.sft import data
@@ -38,13 +40,13 @@ def env_corpus(env: str) -> list[str]:
         episodes = [ep for reveal in (False, True) for ep in
                     toy_episodes(range(300), "expert", reveal=reveal)
                     + toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
-        texts = data.samples_from_episodes(episodes, 4, get_env("toy").build_prompt)
+        texts = data.samples_from_episodes(episodes, 4, get_agent(DEFAULT_AGENT, "toy"))
     elif env in ENVS:  # expert episodes of train tasks, recorded by the env's registry entry
         from hgpo_jax.config import EnvConfig
 
         spec = get_env(env)
         episodes = spec.record_episodes(EnvConfig(name=env), "train", CORPUS_EPISODES, "expert")
-        texts = data.samples_from_episodes(episodes, 2, spec.build_prompt)
+        texts = data.samples_from_episodes(episodes, 2, get_agent(DEFAULT_AGENT, env))
     else:
         raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
     return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)

@@ -102,7 +102,7 @@ class EnvConfig(Options):
     seed: int = 0  # webshop: the goal order and the prices of ranged products (verl-agent's env.seed)
     max_steps: int = 50  # T: env steps per episode
     memory_len: int = 2  # H: steps of memory in the prompt
-    projection: str = "verl-agent"  # reply -> action rules: verl-agent | strict (docs/envs.md)
+    projection: str = "verl-agent"  # the agent's reply -> action rules: verl-agent | strict (docs/agents.md)
     reward: str = "default"  # training reward: default (the authors') | the env's others (webshop: score, 10 x task score)
     num_workers: int = 4  # env worker processes
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
@@ -125,6 +125,17 @@ class EnvConfig(Options):
         p.at_least("num_workers", self.num_workers, 1)
         p.positive("step_timeout", self.step_timeout)
         p.positive("reset_timeout", self.reset_timeout)
+
+
+@dataclass
+class AgentConfig(Options):
+    """The agent: prompt template, reply format and memory (docs/agents.md); its reply -> action
+    rules are `env.projection` (the key the authors' runs and every existing config use)."""
+
+    name: str = "verl-agent"  # reply format: verl-agent (think/action, the authors')
+
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("name", self.name, allowed_values()["agent"])
 
 
 @dataclass
@@ -360,6 +371,7 @@ class Config:
     name: str = "hgpo_k2_alfworld_qwen2.5_1.5b"  # run name; fills {name} in train.run_dir
     model: ModelConfig = field(default_factory=ModelConfig)  # policy model
     env: EnvConfig = field(default_factory=EnvConfig)  # environment
+    agent: AgentConfig = field(default_factory=AgentConfig)  # prompt and reply format
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling
     algo: AlgoConfig = field(default_factory=AlgoConfig)  # advantages and loss
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer
@@ -830,12 +842,15 @@ def record_config_changes(run_dir: str, step: int, changes: Mapping[str, tuple[A
 
 
 def format_config(cfg: Config) -> str:
-    """Compact multi-line summary for printing at start-up: one line per section."""
-    lines = [f"config {cfg.name}  (run dir {cfg.run_path()})"]
+    """Compact multi-line summary for printing at start-up: the name, run folder and agent, then
+    one line per section."""
+    lines = [f"config {cfg.name}  (run dir {cfg.run_path()}, agent {cfg.agent.name})"]
     width = max(map(len, SECTIONS))
     for section in SECTIONS:
         if section in SECTIONS_OF_ALGORITHMS and section not in algo_sections(cfg):
             continue  # e.g. only a run with a critic shows the critic section
+        if section == "agent":
+            continue  # one key, in the title
         values = dataclasses.asdict(getattr(cfg, section))
         items = " ".join(f"{k}={_short(v)}" for k, v in values.items())
         lines.append(f"  {section:<{width}}  {items}")
@@ -854,7 +869,7 @@ def _short(value: Any) -> str:
 @lru_cache(maxsize=1)
 def allowed_values() -> dict[str, tuple[str, ...]]:
     """Allowed names: the algorithm's (above) and those of the envs and models (imported lazily)."""
-    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.agents import agent_names, projection_names
     from hgpo_jax.envs.registry import env_names
     from hgpo_jax.models.qwen2 import ATTENTION_IMPLS
 
@@ -862,7 +877,8 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
             "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
             "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
-            "projection": tuple(PROJECTIONS), "protocol": tuple(EVAL_PROTOCOLS),
+            "agent": agent_names(), "projection": projection_names(),
+            "protocol": tuple(EVAL_PROTOCOLS),
             "attention": tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")}
 
 
@@ -887,6 +903,13 @@ def _env_rewards(name: str) -> tuple[str, ...]:
     return reward_names(get_env(name)) if name in env_names() else ()
 
 
+def _agent_spec(name: str):
+    """The registry entry of agent `name` (None for an unknown agent: its name is reported)."""
+    from hgpo_jax.agents.registry import agent_names, agent_spec
+
+    return agent_spec(name) if name in agent_names() else None
+
+
 def _semantic_problems(cfg: Config) -> list[str]:
     """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings: each section's
     own (checked beside its fields, `_own_problems`), then the rules that tie sections together."""
@@ -908,6 +931,12 @@ def _cross_section_problems(cfg: Config, p: Problems) -> None:
     else:
         p.check(r.group_size >= 2, "rollout.group_size", r.group_size,
                 ">= 2 (group-relative advantages are 0 in a group of one)")
+    agent = _agent_spec(cfg.agent.name)
+    if agent and e.name in allowed_values()["env"]:
+        p.check(e.name in agent.envs, "agent.name", cfg.agent.name, f"an agent with a prompt for "
+                f"env.name={e.name!r} (this one has prompts for {', '.join(agent.envs)})")
+    if agent and e.projection in allowed_values()["projection"]:
+        p.one_of("env.projection", e.projection, agent.projections)
     if t.max_tokens_per_micro_batch > 0 and t.pad_multiple >= 1:  # the longest row must fit
         longest = r.max_prompt_tokens + r.max_new_tokens
         padded = -(-longest // t.pad_multiple) * t.pad_multiple

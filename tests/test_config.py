@@ -62,7 +62,7 @@ def test_default_lists_are_not_shared():
 def test_allowed_values_come_from_the_consumers():
     from hgpo_jax.config import _env_splits, allowed_values
     from hgpo_jax.envs.alfworld import SPLITS
-    from hgpo_jax.envs.prompts import PROJECTIONS
+    from hgpo_jax.agents.verl_agent.projection import PROJECTIONS
     from hgpo_jax.envs.webshop import SPLITS as WEBSHOP_SPLITS
     from hgpo_jax.rl.advantages import ESTIMATORS, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS
     from hgpo_jax.rl.evaluation import EVAL_PROTOCOLS

@@ -5,11 +5,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hgpo_jax.envs import prompts
+from hgpo_jax.agents import Turn
+from hgpo_jax.agents.verl_agent import alfworld as prompts
+from hgpo_jax.agents.verl_agent.alfworld import build_prompt
+from hgpo_jax.agents.verl_agent.projection import PROJECTIONS, project_action
 from hgpo_jax.envs.alfworld import AlfworldEnv, list_games, walkthrough
 from hgpo_jax.envs.base import check_info
-from hgpo_jax.envs.prompts import (PROJECTIONS, Turn, build_prompt, project_action,
-                                   success_rates, task_from_observation)
+from hgpo_jax.envs.prompts import success_rates, task_from_observation
 from hgpo_jax.envs.toy import WIN_REWARD, ToyMemoryEnv
 
 # The authors' instructions, the common tail of both templates (note the space after "tags.").

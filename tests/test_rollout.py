@@ -6,6 +6,7 @@ import functools
 import numpy as np
 import pytest
 
+from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.alfworld import AlfworldEnv, list_games, task_type_of
 from hgpo_jax.envs.pool import EnvPool, EnvReply
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
@@ -14,7 +15,7 @@ from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.rollout import (Policy, collect_rollouts, default_spec, evaluate, mean_and_sem,
                                  play_each_once, summarize_episodes)
 from hgpo_jax.build import resolve_model_path
-from toy_policies import Out, RecordingPool, ScriptedToyPolicy
+from toy_policies import RecordingPool, ReplayPolicy, ScriptedToyPolicy
 
 
 @pytest.fixture(scope="module")
@@ -87,33 +88,6 @@ def test_memory_of_the_last_steps_is_in_the_prompt(tiny):
     assert "Your task is to: open the door of the colour of the button you pressed" in prompt
 
 
-class CharTokenizer:
-    """One token per character, so prompts decode back to their exact text."""
-
-    eos_token_ids = ()
-
-    def decode(self, ids):
-        return "".join(map(chr, ids))
-
-
-@dataclasses.dataclass
-class ReplayPolicy:
-    """Gives the same scripted reply to every env at step t; records the prompt texts."""
-
-    replies: list
-    tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
-    prompts: list = dataclasses.field(default_factory=list)
-
-    def encode_prompt(self, text):
-        self.prompts.append(text)
-        return [ord(c) for c in text]
-
-    def generate(self, prompts, rng, row_ids=None):
-        reply = self.replies[len(self.prompts) // len(prompts) - 1]
-        tokens = [[ord(c) for c in reply] for _ in prompts]
-        return Out(tokens, [[-0.5] * len(t) for t in tokens])
-
-
 def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
     # task 0: buttons red/blue/green, a corridor of 1 step. Steps 1 and 2 are invalid replies:
     # step 1 has no tags (its last 30 characters are executed: nothing happens); step 2 has
@@ -126,7 +100,7 @@ def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
                  "open red door"]
     policy, pool = ReplayPolicy(replies), RecordingPool(2)
     batch = collect_rollouts(policy, pool, [0], group_size=2, max_steps=10, memory_len=2,
-                             intro="You are an agent in a small text world.")
+                             agent=get_agent("verl-agent", "toy"))
     assert pool.received == [projected, projected]
     np.testing.assert_array_equal(batch.step_id, np.repeat(np.arange(4), 2))  # rows by step
     np.testing.assert_array_equal(batch.valid, np.repeat([True, False, False, True], 2))
@@ -155,7 +129,7 @@ def test_rollout_steps_projected_actions_and_keeps_the_env_reward():
         "'open blue door'\n 'open green door'].\n")
     with pytest.raises(ValueError, match="verl-agent"):
         collect_rollouts(policy, RecordingPool(2), [0], group_size=2, max_steps=2,
-                         projection="lenient")
+                         agent=get_agent("verl-agent", "toy", projection="lenient"))
 
 
 def test_strict_projection_in_rollouts_executes_the_empty_action():
@@ -163,7 +137,7 @@ def test_strict_projection_in_rollouts_executes_the_empty_action():
                "<action>go forward</action>", "<action>open red door</action>"]
     pool = RecordingPool(1)
     batch = collect_rollouts(ReplayPolicy(replies), pool, [0], group_size=1, max_steps=4,
-                             projection="strict")
+                             agent=get_agent("verl-agent", "alfworld", projection="strict"))
     assert pool.received == [["press red button", "", "go forward", "open red door"]]
     np.testing.assert_array_equal(batch.valid, [True, False, True, True])
     np.testing.assert_array_equal(batch.reward, [0.0, 0.0, 0.0, WIN_REWARD])

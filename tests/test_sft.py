@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from hgpo_jax.agents import get_agent
+from hgpo_jax.agents.verl_agent.alfworld import ALFWORLD_INTRO, TOY_INTRO
 from hgpo_jax.cli import main as cli_main
 from hgpo_jax.config import ConfigError, load_config, sft_micro_batch_size
 from hgpo_jax.envs import episodes as recorded
 from hgpo_jax.envs.alfworld import alfworld_episodes, list_games, walkthrough
 from hgpo_jax.envs.pool import EnvPool
-from hgpo_jax.envs.prompts import ALFWORLD_INTRO
-from hgpo_jax.envs.toy import TOY_INTRO, ToyMemoryEnv, toy_episodes
+from hgpo_jax.envs.toy import ToyMemoryEnv, toy_episodes
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.build import resolve_model_path
 from hgpo_jax.models.local import train_tokenizer
@@ -34,6 +35,9 @@ def tok():
     return load_tokenizer(resolve_model_path("tiny"))
 
 
+TOY, ALFWORLD = get_agent("verl-agent", "toy"), get_agent("verl-agent", "alfworld")
+
+
 @dataclasses.dataclass
 class Out:
     tokens: list
@@ -46,28 +50,30 @@ class ExpertPolicy(Policy):
 
     plans: list = dataclasses.field(default_factory=list)
     t: int = 0
+    agent: object = TOY
 
     def generate(self, prompts, rng, row_ids=None):
         # every env of these tests runs the same number of steps, so all are active at each step
-        tokens = [self.tokenizer.encode(data.response_text(plan[self.t])) for plan in self.plans]
+        tokens = [self.tokenizer.encode(self.agent.scripted_reply(plan[self.t])) for plan in self.plans]
         self.t += 1
         return Out(tokens, [[0.0] * len(x) for x in tokens])
 
 
-def rollout_prompts(tok, pool, tasks, plans, max_steps, memory_len, intro, max_prompt_tokens=2048):
-    policy = ExpertPolicy(model=None, tokenizer=tok, max_prompt_tokens=max_prompt_tokens, plans=plans)
-    batch = collect_rollouts(policy, pool, tasks, 1, max_steps, memory_len, intro=intro)
+def rollout_prompts(tok, pool, tasks, plans, max_steps, memory_len, agent, max_prompt_tokens=2048):
+    policy = ExpertPolicy(model=None, tokenizer=tok, max_prompt_tokens=max_prompt_tokens, plans=plans,
+                          agent=agent)
+    batch = collect_rollouts(policy, pool, tasks, 1, max_steps, memory_len, agent=agent)
     return {(int(i), int(t)): list(p) for i, t, p in zip(batch.traj_id, batch.step_id, batch.prompt_ids)}
 
 
-def check_samples_equal_rollout(tok, episodes, rollout, memory_len, intro, max_prompt_tokens=2048):
+def check_samples_equal_rollout(tok, episodes, rollout, memory_len, agent, max_prompt_tokens=2048):
     for i, ep in enumerate(episodes):
-        texts = data.samples_from_episodes([ep], memory_len, intro)
+        texts = data.samples_from_episodes([ep], memory_len, agent)
         samples = data.tokenize_samples(texts, tok, max_prompt_tokens)
         assert len(samples) == len(ep.steps)
         for t, (sample, step) in enumerate(zip(samples, ep.steps)):
             assert list(sample.prompt_ids) == rollout[(i, t)], (i, t)
-            assert list(sample.response_ids) == tok.encode(data.response_text(step.action)) + [
+            assert list(sample.response_ids) == tok.encode(agent.scripted_reply(step.action)) + [
                 tok.end_of_turn_id]
 
 
@@ -79,12 +85,12 @@ def test_toy_samples_are_exactly_the_rollout_prompts(tok, memory_len):
     plans = [[s.action for s in ep.steps] for ep in episodes]
     assert {len(p) for p in plans} == {3} and all(ep.won for ep in episodes)
     with EnvPool(ToyMemoryEnv, num_envs=3, num_workers=1) as pool:
-        rollout = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY_INTRO)
-    check_samples_equal_rollout(tok, episodes, rollout, memory_len, TOY_INTRO)
+        rollout = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY)
+    check_samples_equal_rollout(tok, episodes, rollout, memory_len, TOY)
     # left truncation is the rollout's too
     with EnvPool(ToyMemoryEnv, num_envs=3, num_workers=1) as pool:
-        short = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY_INTRO, max_prompt_tokens=40)
-    check_samples_equal_rollout(tok, episodes, short, memory_len, TOY_INTRO, max_prompt_tokens=40)
+        short = rollout_prompts(tok, pool, tasks, plans, 3, memory_len, TOY, max_prompt_tokens=40)
+    check_samples_equal_rollout(tok, episodes, short, memory_len, TOY, max_prompt_tokens=40)
 
 
 def test_alfworld_expert_samples_are_exactly_the_rollout_prompts(tok):
@@ -100,8 +106,8 @@ def test_alfworld_expert_samples_are_exactly_the_rollout_prompts(tok):
     assert ep.task and ep.task in ep.steps[0].observation
     assert [s.action for s in ep.steps] == walkthrough(game)
     with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=1, num_workers=1) as pool:
-        rollout = rollout_prompts(tok, pool, [game], [walkthrough(game)], len(ep.steps), 2, ALFWORLD_INTRO)
-    check_samples_equal_rollout(tok, episodes, rollout, 2, ALFWORLD_INTRO)
+        rollout = rollout_prompts(tok, pool, [game], [walkthrough(game)], len(ep.steps), 2, ALFWORLD)
+    check_samples_equal_rollout(tok, episodes, rollout, 2, ALFWORLD)
 
 
 def test_alfworld_search_episodes_look_for_the_objects(tok):
@@ -122,8 +128,8 @@ def test_alfworld_search_episodes_look_for_the_objects(tok):
     assert alfworld_episodes([game], kind="search", seed=0) == [ep]
     with EnvPool(functools.partial(AlfworldEnv, max_steps=50), num_envs=1, num_workers=1) as pool:
         rollout = rollout_prompts(tok, pool, [game], [[s.action for s in ep.steps]], len(ep.steps),
-                                  2, ALFWORLD_INTRO)
-    check_samples_equal_rollout(tok, [ep], rollout, 2, ALFWORLD_INTRO)
+                                  2, ALFWORLD)
+    check_samples_equal_rollout(tok, [ep], rollout, 2, ALFWORLD)
     with pytest.raises(ValueError, match="unknown ALFWorld episode kind"):
         alfworld_episodes([game], kind="random")
 
@@ -346,7 +352,7 @@ def test_sft_cli_and_errors(tmp_path, capsys):
 
 def test_env_tokenizer_keeps_prompts_short_and_uses_qwen_chat_template():
     episodes = toy_episodes(range(50), "expert") + toy_episodes(range(50), "random", max_steps=6)
-    texts = data.samples_from_episodes(episodes, 2, TOY_INTRO)
+    texts = data.samples_from_episodes(episodes, 2, TOY)
     from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
 
     tok = train_tokenizer(data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE), 1024)
@@ -373,7 +379,7 @@ def test_build_spec_models_are_built_from_each_envs_corpus(tmp_path, monkeypatch
     folder = resolve_model_path("build:toy-tiny")
     assert folder.startswith(str(tmp_path)) and os.path.isfile(os.path.join(folder, "config.json"))
     tok = load_tokenizer(folder)
-    prompt = data.samples_from_episodes(toy_episodes([0], "expert"), 4, TOY_INTRO)[0][0]
+    prompt = data.samples_from_episodes(toy_episodes([0], "expert"), 4, TOY)[0][0]
     assert TOY_INTRO in prompt and len(tok.encode(prompt)) < len(prompt) / 5
     assert load_pretrained(folder).config.vocab_size == tok.vocab_size
     assert resolve_model_path("build:toy-tiny") == folder  # built once
@@ -399,5 +405,5 @@ def test_webshop_build_spec_model(tmp_path, monkeypatch):
     from hgpo_jax.config import EnvConfig
 
     ep = get_env("webshop").record_episodes(EnvConfig(name="webshop"), "train", 1, "expert")[0]
-    prompt = data.samples_from_episodes([ep], 2, get_env("webshop").build_prompt)[-1][0]
+    prompt = data.samples_from_episodes([ep], 2, get_agent("verl-agent", "webshop"))[-1][0]
     assert len(tok.encode(prompt)) < len(prompt) / 2  # product text merges less than templates

@@ -8,9 +8,10 @@ import os
 
 import pytest
 
-from hgpo_jax.envs.prompts import Turn
+from hgpo_jax.agents import Turn
+from hgpo_jax.agents.verl_agent import webshop as wp
+from hgpo_jax.envs.webshop.prompts import format_observation
 from hgpo_jax.envs.webshop import ENV_SPECS, WebShopEngine, WebShopEnv, train_reward
-from hgpo_jax.envs.webshop import prompts as wp
 from hgpo_jax.envs.webshop.data import GOLDEN_FILE, WebShopDataError, resolve_data_dir
 from hgpo_jax.envs.webshop.env import parse_action
 from hgpo_jax.envs.webshop.expert import (InstructionShopper, best_result, instruction_query,
@@ -168,7 +169,7 @@ def test_prompt_without_and_with_history(env):
     obs3, _, _, info3 = env.step("click[< prev]")
     history = [Turn(obs0, "search[jeans]"), Turn(obs1, "click[next >]"), Turn(obs2, "click[< prev]")]
     p3 = wp.build_prompt(task, obs3, info3["admissible_actions"], history, 2)
-    f1, f2, f3 = (wp.format_observation(o, task) for o in (obs1, obs2, obs3))
+    f1, f2, f3 = (format_observation(o, task) for o in (obs1, obs2, obs3))
     assert f1.startswith("'Back to Search' [SEP] 'Page 1 (Total results:")
     memory = (f"[Observation 2: '{f1}', Action 2: 'click[next >]']\n"
               f"[Observation 3: '{f2}', Action 3: 'click[< prev]']")

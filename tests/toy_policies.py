@@ -1,6 +1,7 @@
-"""Scripted toy-env policies shared by tests/test_rollout.py and tests/test_evaluation.py, and
-`RecordingPool`, an in-process stand-in for EnvPool over toy envs (tests/test_rollout.py,
-tests/test_start_checks.py).
+"""Scripted toy-env policies shared by tests/test_rollout.py and tests/test_evaluation.py,
+`ReplayPolicy` (fixed replies through a one-token-per-character tokenizer; tests/test_rollout.py,
+tests/test_agents.py), and `RecordingPool`, an in-process stand-in for EnvPool over toy envs
+(tests/test_rollout.py, tests/test_start_checks.py, tests/test_agents.py).
 
 `ScriptedToyPolicy` reads the current observation out of each prompt and answers in the policy's
 format; `pick_door(doors) -> colour` decides at the junction (doors in the listed order).
@@ -51,6 +52,33 @@ class ScriptedToyPolicy(Policy):
                                         f"{toy_action(self.tokenizer.decode(p), self.pick_door)}</action>")
                   for p in prompts]
         return Out(tokens, [[self.logprob] * len(t) for t in tokens])
+
+
+class CharTokenizer:
+    """One token per character, so prompts decode back to their exact text."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+@dataclasses.dataclass
+class ReplayPolicy:
+    """Gives the same scripted reply to every env at step t; records the prompt texts."""
+
+    replies: list
+    tokenizer: CharTokenizer = dataclasses.field(default_factory=CharTokenizer)
+    prompts: list = dataclasses.field(default_factory=list)
+
+    def encode_prompt(self, text):
+        self.prompts.append(text)
+        return [ord(c) for c in text]
+
+    def generate(self, prompts, rng, row_ids=None):
+        reply = self.replies[len(self.prompts) // len(prompts) - 1]
+        tokens = [[ord(c) for c in reply] for _ in prompts]
+        return Out(tokens, [[-0.5] * len(t) for t in tokens])
 
 
 class RecordingPool:

@@ -433,13 +433,12 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
 
 
 def _env_specs() -> dict:
-    from hgpo_jax.envs.prompts import build_prompt, project_action
     from hgpo_jax.envs.registry import EnvSpec
 
     return {"alfworld": EnvSpec(
         name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
-        eval_splits=tuple(EVAL_SPLITS.values()), build_prompt=build_prompt,
-        project=project_action, record_episodes=_record_episodes, episode_kinds=ALFWORLD_KINDS)}
+        eval_splits=tuple(EVAL_SPLITS.values()), record_episodes=_record_episodes,
+        episode_kinds=ALFWORLD_KINDS)}
 
 
 ENV_SPECS = _env_specs()

@@ -3,11 +3,10 @@
     spec = get_env("webshop")
     env_fn = spec.make_env(cfg.env)            # picklable zero-argument factory for the workers
     tasks = spec.list_tasks(cfg.env, "test")   # task ids of a split
-    prompt = spec.build_prompt(task, obs, info["admissible_actions"], history, memory_len)
-    action, valid = spec.project(reply, "verl-agent")
     r = spec.train_reward(reward, info)        # the reward training sees
 
-Each env declares its specs in its own module as `ENV_SPECS = {name: EnvSpec}`; the modules are
+Envs build no prompts and read no replies: that is an agent's business (`hgpo_jax.agents`,
+`get_agent(cfg.agent.name, spec.name)`). Each env declares its specs in its own module as `ENV_SPECS = {name: EnvSpec}`; the modules are
 listed once in `PROVIDERS` (imported on first use). Adding an env is a folder with that
 declaration and one line here; nothing else in the system names envs.
 """
@@ -34,8 +33,6 @@ class EnvSpec:
     make_env(env_cfg) -> a picklable zero-argument factory of envs (hgpo_jax.envs.base.Env);
     list_tasks(env_cfg, split) -> the task ids of a split (what `env.reset` takes);
     splits: the split names; eval_splits: the default evaluation splits;
-    build_prompt(task, observation, admissible_actions, history, memory_len) -> the user message;
-    project(reply, rules) -> (action, valid) (rules: hgpo_jax.envs.prompts.PROJECTIONS);
     train_reward(reward, info) -> the reward of a step for training (the authors');
     rewards: other training rewards the env offers, by name (`env.reward`; "default" is
     train_reward), e.g. WebShop's dense "score";
@@ -51,8 +48,6 @@ class EnvSpec:
     list_tasks: Callable
     splits: tuple[str, ...]
     eval_splits: tuple[str, ...]
-    build_prompt: Callable
-    project: Callable
     train_reward: Callable[[float, dict], float] = env_reward
     rewards: tuple[tuple[str, Callable[[float, dict], float]], ...] = ()
     score_key: str | None = None

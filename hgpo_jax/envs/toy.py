@@ -28,7 +28,6 @@ from hgpo_jax.envs.episodes import Episode, play_episode
 PALETTE = ("red", "blue", "green", "yellow", "white", "black")
 WIN_REWARD = 10.0
 TASK = "open the door of the colour of the button you pressed."
-TOY_INTRO = "You are an agent in a small text world."  # the prompt's first sentence for this env
 
 
 def env_kwargs(name: str) -> dict:
@@ -183,15 +182,11 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
 
 
 def _env_specs() -> dict:
-    import functools
-
-    from hgpo_jax.envs.prompts import build_prompt, project_action
     from hgpo_jax.envs.registry import EnvSpec
 
     return {name: EnvSpec(
         name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
-        build_prompt=functools.partial(build_prompt, intro=TOY_INTRO), project=project_action,
         record_episodes=_record_episodes, episode_kinds=TOY_KINDS)
         for name in ("toy", "toy-history")}
 

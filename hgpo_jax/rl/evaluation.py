@@ -94,7 +94,7 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
     an env with a task score, and under "each-once" its standard error 'score_sem';
     `hgpo_jax.rl.rollout.evaluate`); "verl-agent" adds 'all_std' (std over
     seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.rollout.evaluate`
-    (intro, projection, ...).
+    (spec, agent).
     """
     from hgpo_jax.rl.rollout import evaluate
 

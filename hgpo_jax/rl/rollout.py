@@ -3,15 +3,15 @@
     batch = collect_rollouts(policy, env_pool, tasks, group_size=8, max_steps=50, memory_len=2)
 
 Env i runs task `tasks[i // group_size]`, so each group of `group_size` envs starts from the same
-state. Each step: build the prompts of the envs still running (task, memory of the last
-`memory_len` steps, current observation, admissible actions), generate for them only, project the
-replies to actions (the env's projection, verl-agent rules by default), step those envs in the
-pool with the projected actions, valid or not, record one row per env step (reward: the env's
-training reward, `EnvSpec.train_reward`; the invalid-action penalty is the advantage computation's
-business). The prompt builder, projection and training reward come from the env's registry entry
-(`spec=`; default: ALFWorld's prompt with `intro` as its first sentence). The memory shows the projected
-actions. Finished envs cost no generation. An episode whose env failed in the pool (timeout, dead
-worker) is dropped from the returned rows and counted in `batch.num_failed`. A prompt longer than
+state. Each step: the agent (`agent=`, hgpo_jax.agents) writes the prompts of the envs still
+running (task, memory of the last `memory_len` turns, current observation, admissible actions),
+the policy generates for them only, the agent parses the replies (`Reply`: the action, valid or
+not, is what the env is sent), the pool steps those envs, and one row per env step is recorded
+(reward: the env's training reward, `EnvSpec.train_reward` of `spec=`; the invalid-action penalty
+is the advantage computation's business); the memory keeps what `agent.remember` keeps of the
+turn. Defaults: the verl-agent agent of `spec`'s env (ALFWorld's for no spec) and an unregistered
+env's entry (`default_spec`). Finished envs cost no generation. An episode whose env failed in
+the pool (timeout, dead worker) is dropped from the returned rows and counted in `batch.num_failed`. A prompt longer than
 the policy's `max_prompt_tokens` loses its start (left truncation): `rollout/truncated_prompt_rate`
 counts such prompts, and the first one in a process warns (`PromptCuts`).
 """
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from hgpo_jax.agents import DEFAULT_AGENT, Agent, Turn, get_agent
+from hgpo_jax.agents.registry import agent_spec
 from hgpo_jax.distributed import allgather_json, any_process
-from hgpo_jax.envs.prompts import (ALFWORLD_INTRO, PROJECTIONS, Turn, build_prompt,
-                                   project_action, success_rates)
+from hgpo_jax.envs.prompts import success_rates
 from hgpo_jax.envs.registry import EnvSpec
 
 
@@ -208,17 +209,16 @@ def summary_metrics(summaries: list[dict]) -> dict[str, float]:
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
                      memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
-                     intro: str = ALFWORLD_INTRO, projection: str = "verl-agent",
-                     progress: bool = False) -> RolloutBatch:
+                     agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
     sampling (split per step; each env's replies are drawn with its global index as the row id,
     `generate(row_ids=...)`, so they do not depend on which other envs are still running). In a multi-process run every process calls this at once for its
     own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
-    of them, and generate as one batch over the mesh. spec: the env's registry entry (prompt,
-    projection, training reward, score); None: ALFWorld's prompt with `intro` as its first
-    sentence. projection: the projection rules (one of PROJECTIONS).
+    of them, and generate as one batch over the mesh. spec: the env's registry entry (training
+    reward, score; None: `default_spec()`); agent: prompts, reply parsing and memory (None:
+    `default_agent(spec)`).
     Returns a RolloutBatch; see the module docstring.
     """
     import jax
@@ -227,18 +227,16 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     if group_size < 1 or not tasks:
         raise ValueError(f"need at least one task and group_size >= 1 (got {len(tasks)} tasks, "
                          f"group_size {group_size})")
-    if projection not in PROJECTIONS:
-        raise ValueError(f"unknown projection rules {projection!r}; use one of {PROJECTIONS}")
     if env_pool.num_envs != num_envs:
         raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
                          f"{group_size} need {num_envs}")
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
     first_env = jax.process_index() * num_envs  # global index of env 0 (equal shares per process)
-    # seconds: env resets; prompt building + tokenizing; generate; reply decoding + projection;
+    # seconds: env resets; prompt building + tokenizing; generate; reply decoding + parsing;
     # env steps
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
-    if spec is None:
-        spec = default_spec(intro)
+    agent = default_agent(spec) if agent is None else agent
+    spec = default_spec() if spec is None else spec
     cuts = getattr(policy, "prompt_cuts", None)  # None: a policy that does not count its cuts
     cuts_before = (cuts.prompts, cuts.cut) if cuts is not None else (0, 0)
 
@@ -262,7 +260,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         if not any_process(bool(active)):
             break
         t1 = time.perf_counter()
-        prompts = [policy.encode_prompt(spec.build_prompt(
+        prompts = [policy.encode_prompt(agent.prompt(
             task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len))
             for i in active]
         timing["prompts"] += time.perf_counter() - t1
@@ -271,14 +269,11 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         out = policy.generate(prompts, sub, row_ids=[first_env + i for i in active])
         timing["generate"] += time.perf_counter() - t1
         t1 = time.perf_counter()
-        texts = [policy.tokenizer.decode(toks) for toks in out.tokens]
-        actions = {}
-        valid = {}
-        for i, text in zip(active, texts):
-            actions[i], valid[i] = spec.project(text, projection)
+        parsed = {i: agent.parse(policy.tokenizer.decode(toks))
+                  for i, toks in zip(active, out.tokens)}
         timing["replies"] += time.perf_counter() - t1
         t2 = time.perf_counter()
-        step_replies = env_pool.step(actions)
+        step_replies = env_pool.step({i: reply.action for i, reply in parsed.items()})
         timing["env_step"] += time.perf_counter() - t2
         for j, i in enumerate(active):
             r = step_replies[i]
@@ -288,10 +283,10 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
             rows.append(dict(task_id=i // group_size, traj_id=i, step_id=t, anchor=infos[i]["anchor"],
                              prompt_ids=prompts[j], response_ids=list(out.tokens[j]),
                              sample_logp=list(out.logprobs[j]),
-                             reward=float(spec.train_reward(r.reward, r.info)), valid=valid[i],
-                             done=r.done,
+                             reward=float(spec.train_reward(r.reward, r.info)),
+                             valid=parsed[i].valid, done=r.done,
                              task_type=infos[i]["task_type"]))
-            history[i].append(Turn(obs[i], actions[i]))
+            history[i].append(agent.remember(obs[i], parsed[i]))
             obs[i], infos[i] = r.obs, r.info
             won[i] = won[i] or bool(r.info.get("won", False))
             if spec.score_key is not None:
@@ -306,14 +301,17 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     return batch
 
 
-def default_spec(intro: str = ALFWORLD_INTRO) -> EnvSpec:
-    """An unregistered env's entry: ALFWorld's prompt with `intro` as its first sentence, the
-    verl-agent projection, the env's own reward."""
-    import functools
+def default_spec() -> EnvSpec:
+    """An unregistered env's entry: the env's own reward, no score."""
+    return EnvSpec(name="custom", make_env=None, list_tasks=None, splits=(), eval_splits=())
 
-    return EnvSpec(name="custom", make_env=None, list_tasks=None, splits=(),
-                   eval_splits=(), build_prompt=functools.partial(build_prompt, intro=intro),
-                   project=project_action)
+
+def default_agent(spec: EnvSpec | None = None) -> Agent:
+    """The agent of a rollout given none: the verl-agent agent of `spec`'s env, or ALFWorld's
+    (for no spec, or an env it has no prompt for, e.g. `default_spec()`)."""
+    known = agent_spec(DEFAULT_AGENT).envs
+    return get_agent(DEFAULT_AGENT, spec.name if spec is not None and spec.name in known
+                     else "alfworld")
 
 
 def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dict,
@@ -368,9 +366,8 @@ class EpisodeResult:
 
 
 def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-                   rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
-                   projection: str = "verl-agent", progress: bool = False
-                   ) -> tuple[list[EpisodeResult], int]:
+                   rng=0, spec: EnvSpec | None = None, agent: Agent | None = None,
+                   progress: bool = False) -> tuple[list[EpisodeResult], int]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns the
     episodes in task order and the number of tasks whose episode an env failure lost.
 
@@ -389,7 +386,7 @@ def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, me
         chunk += [chunk[-1]] * (n_all - real)  # fill the pools; the padding's results are ignored
         key, sub = jax.random.split(key)
         batch = collect_rollouts(policy, env_pool, chunk[lo:lo + n], 1, max_steps, memory_len,
-                                 rng=sub, spec=spec, intro=intro, projection=projection)
+                                 rng=sub, spec=spec, agent=agent)
         score = (batch.episode_score.tolist() if batch.episode_score is not None
                  else [0.0] * len(batch.episode_traj))
         done = set(batch.traj_id[batch.done].tolist())
@@ -422,12 +419,12 @@ def summarize_episodes(episodes: Sequence[EpisodeResult], failed: int = 0,
 
 
 def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-             rng=0, spec: EnvSpec | None = None, intro: str = ALFWORLD_INTRO,
-             projection: str = "verl-agent", progress: bool = False) -> dict[str, float]:
+             rng=0, spec: EnvSpec | None = None, agent: Agent | None = None,
+             progress: bool = False) -> dict[str, float]:
     """`summarize_episodes` of `play_each_once`: play every task once with `policy` and return
     the rates ('score' and 'score_sem' for an env with a task score, spec.score_key).
 
     Use the paper's eval temperature (0.4) in `policy`."""
     episodes, failed = play_each_once(policy, env_pool, tasks, max_steps, memory_len, rng=rng,
-                                      spec=spec, intro=intro, projection=projection, progress=progress)
+                                      spec=spec, agent=agent, progress=progress)
     return summarize_episodes(episodes, failed, scored=spec is not None and spec.score_key is not None)

@@ -1,14 +1,15 @@
 """Supervised samples for the warm start: episodes -> (prompt, response) turns -> token ids.
 
     episodes = get_env("toy").record_episodes(env_cfg, "train", 100, "expert")  # hgpo_jax.envs.episodes
-    texts = samples_from_episodes(episodes, 2, get_env("toy").build_prompt)  # [(prompt, response)]
+    texts = samples_from_episodes(episodes, 2, get_agent("verl-agent", "toy"))  # [(prompt, response)]
     samples = tokenize_samples(texts, tokenizer, max_prompt_tokens=512)    # [SftSample]
 
-A sample is exactly what the RL rollout shows the model at that step: the same prompt builder
-(`hgpo_jax.envs.prompts.build_prompt`) with the same memory of (observation, action) turns, the
-same chat template and left truncation (`hgpo_jax.rl.rollout.encode_prompt`). The response is in
-the policy's format, a short reasoning line in <think> </think> and the action in
-<action> </action>, followed by the end-of-turn token, so the model learns to stop. The loss
+A sample is exactly what the RL rollout shows the model at that step: the same agent's prompt
+(`hgpo_jax.agents.Agent.prompt`) with the same memory of past turns (what `agent.remember` keeps
+of the parsed scripted reply), the same chat template and left truncation
+(`hgpo_jax.rl.rollout.encode_prompt`). The response is the agent's reply for the scripted action
+(`agent.scripted_reply`; verl-agent: a short reasoning line in <think> </think> and the action in
+<action> </action>), followed by the end-of-turn token, so the model learns to stop. The loss
 covers the response tokens only.
 
 Sources: the episodes each env records with its scripted policies (`EnvSpec.record_episodes`,
@@ -21,12 +22,11 @@ toy env: its scripted solution or random actions; WebShop: its shoppers), and an
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
+from hgpo_jax.agents import Agent, Turn
 from hgpo_jax.envs.episodes import Episode
-from hgpo_jax.envs.prompts import Turn, build_prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,27 +38,20 @@ class SftSample:
     response_ids: tuple[int, ...]
 
 
-def response_text(action: str) -> str:
-    """The policy's reply format for `action`: a short reasoning line, then the action."""
-    return f"<think>I will {action}.</think><action>{action}</action>"
-
-
 # ---------------------------------------------------------------------------------- samples
 def samples_from_episodes(episodes: Iterable[Episode], memory_len: int,
-                          prompt: str | Callable) -> list[tuple[str, str]]:
-    """[(prompt text, response text)], one per step, exactly as the rollout builds the prompt.
-
-    prompt: the env's prompt builder (`EnvSpec.build_prompt`), or a str: the first sentence of
-    ALFWorld's prompt (`build_prompt(..., intro=prompt)`)."""
-    if isinstance(prompt, str):
-        prompt = functools.partial(build_prompt, intro=prompt)
+                          agent: Agent) -> list[tuple[str, str]]:
+    """[(prompt text, response text)], one per step, exactly as the rollout builds the prompt:
+    `agent.prompt` over the memory of the parsed scripted replies (`agent.remember`); the
+    response is `agent.scripted_reply(step.action)`."""
     out = []
     for ep in episodes:
         history: list[Turn] = []
         for step in ep.steps:
-            text = prompt(ep.task, step.observation, step.admissible, history, memory_len)
-            out.append((text, response_text(step.action)))
-            history.append(Turn(step.observation, step.action))
+            text = agent.prompt(ep.task, step.observation, step.admissible, history, memory_len)
+            reply = agent.scripted_reply(step.action)
+            out.append((text, reply))
+            history.append(agent.remember(step.observation, agent.parse(reply)))
     return out
 
 

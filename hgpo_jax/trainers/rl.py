@@ -34,6 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
+from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.rl.algorithms import Advantages, LinkedTurns, StepRows, build_algorithm, loss_config
 from hgpo_jax.rl.batching import (MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
@@ -265,6 +266,7 @@ class Trainer(Run):
                                               temperature=loss_cfg.temperature)
 
             self.env_spec = with_reward(get_env(cfg.env.name), cfg.env.reward)
+            self.agent = get_agent(cfg.agent.name, cfg.env.name, projection=cfg.env.projection)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
             if resume:
@@ -355,8 +357,7 @@ class Trainer(Run):
         tasks = self.loop.tasks.next(r.num_groups)[lo:hi]
         return collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
                                 cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                spec=self.env_spec, projection=cfg.env.projection,
-                                progress=self.progress)
+                                spec=self.env_spec, agent=self.agent, progress=self.progress)
 
     def step_rows(self, batch: RolloutBatch) -> StepRows:
         """Stage 2: the step rows packed (every process to the same [S, L], feeding S / P rows of
@@ -532,7 +533,7 @@ class Trainer(Run):
     def _eval_kwargs(self) -> dict:
         return dict(max_steps=self.cfg.env.max_steps, memory_len=self.cfg.env.memory_len,
                     progress=self.progress,
-                    rollout_kwargs={"spec": self.env_spec, "projection": self.cfg.env.projection})
+                    rollout_kwargs={"spec": self.env_spec, "agent": self.agent})
 
     def close(self) -> None:
         if self._pool is not None:

@@ -67,6 +67,7 @@ def length_grouped_order(lengths: np.ndarray, batch_size: int, rng: np.random.Ge
 def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, dict]:
     """(train samples, held-out samples, info) for `cfg.sft`: recorded episodes of the config's
     env (held out by episode) or a JSONL file of turns (held out by turn)."""
+    from hgpo_jax.agents import get_agent
     from hgpo_jax.envs.registry import get_env
 
     s, e = cfg.sft, cfg.env
@@ -88,7 +89,8 @@ def build_samples(cfg, tokenizer, progress: bool = False) -> tuple[list, list, d
         n_held = sft_data.heldout_count(s.heldout, len(episodes))
         held = [episodes[i] for i in order[:n_held]]
         train = [episodes[i] for i in order[n_held:]]
-        texts = [sft_data.samples_from_episodes(part, e.memory_len, spec.build_prompt)
+        agent = get_agent(cfg.agent.name, e.name, projection=e.projection)
+        texts = [sft_data.samples_from_episodes(part, e.memory_len, agent)
                  for part in (train, held)]
         info = {"episodes": len(train), "heldout_episodes": len(held),
                 "won": float(np.mean([ep.won for ep in episodes])) if episodes else 0.0,

@@ -95,12 +95,10 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
 
 def _env_specs() -> dict:
     from hgpo_jax.envs.registry import EnvSpec
-    from hgpo_jax.envs.webshop.prompts import build_prompt, project
 
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
-        eval_splits=("test",), build_prompt=build_prompt, project=project,
-        train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
+        eval_splits=("test",), train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
         record_episodes=_record_episodes, episode_kinds=WEBSHOP_KINDS)}
 
 

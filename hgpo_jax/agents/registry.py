@@ -1,0 +1,80 @@
+"""The agents by name: which reply formats exist, for which envs, under which projection rules.
+
+    agent = get_agent("verl-agent", "alfworld", projection="strict")   # an hgpo_jax.agents.Agent
+    agent_names()                      # ("verl-agent", ...): `agent.name` values
+    projection_names("verl-agent")     # ("verl-agent", "strict"): its `env.projection` values
+
+Each agent declares itself in its own module as `AGENT_SPECS = {name: AgentSpec}`; the modules
+are listed once in `PROVIDERS` (imported on first use), as envs are in `hgpo_jax.envs.registry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from functools import lru_cache
+
+from hgpo_jax.agents.base import Agent
+
+PROVIDERS = ("hgpo_jax.agents.verl_agent",)
+DEFAULT_AGENT = "verl-agent"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSpec:
+    """What the registry knows of one agent.
+
+    make(env_name, projection) -> the Agent for that env; envs: the env names it has a prompt
+    for; projections: the reply rules it accepts (`env.projection`), the first the default.
+    """
+
+    name: str
+    make: Callable[[str, str], Agent]
+    envs: tuple[str, ...]
+    projections: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def _specs() -> dict[str, AgentSpec]:
+    specs: dict[str, AgentSpec] = {}
+    for module in PROVIDERS:
+        for name, spec in importlib.import_module(module).AGENT_SPECS.items():
+            if name in specs:
+                raise ValueError(f"agent {name!r} is declared twice ({module})")
+            specs[name] = spec
+    return specs
+
+
+def agent_names() -> tuple[str, ...]:
+    """The names of every registered agent."""
+    return tuple(_specs())
+
+
+def agent_spec(name: str) -> AgentSpec:
+    """The registry entry of agent `name`; a clear error naming the known ones otherwise."""
+    specs = _specs()
+    if name not in specs:
+        raise ValueError(f"unknown agent {name!r}; use one of {', '.join(specs)}")
+    return specs[name]
+
+
+def projection_names(name: str | None = None) -> tuple[str, ...]:
+    """The projection rules agent `name` accepts; None: those any agent accepts (first seen
+    first)."""
+    if name is not None:
+        return agent_spec(name).projections
+    return tuple(dict.fromkeys(p for spec in _specs().values() for p in spec.projections))
+
+
+def get_agent(name: str, env_name: str, *, projection: str = "verl-agent") -> Agent:
+    """Agent `name` for env `env_name` under `projection`; an error naming the known agents, the
+    envs the agent has prompts for, or the projections it accepts."""
+    spec = agent_spec(name)
+    if env_name not in spec.envs:
+        raise ValueError(f"agent {name!r} has no prompt for env {env_name!r}; it has prompts for "
+                         f"{', '.join(spec.envs)} (agent.name, env.name)")
+    if projection not in spec.projections:
+        raise ValueError(f"agent {name!r} has no projection rules {projection!r}; use one of "
+                         f"{', '.join(spec.projections)} (env.projection)")
+    return spec.make(env_name, projection)
