@@ -923,14 +923,18 @@ def _semantic_problems(cfg: Config) -> list[str]:
 
 
 def _cross_section_problems(cfg: Config, p: Problems) -> None:
-    """The rules over two sections: group sizes the algorithm allows, the longest row in a token
-    budget, the env's splits to evaluate, SFT and mesh sizes against the micro-batch."""
+    """The rules over two sections: group sizes and the agent the algorithm allows, the agent's
+    prompts and reply rules for the env, the longest row in a token budget, the env's splits to
+    evaluate, SFT and mesh sizes against the micro-batch."""
     e, r, a, t, v, f = cfg.env, cfg.rollout, cfg.algo, cfg.train, cfg.eval, cfg.sft
     if a.estimator in algorithm_names() and a.spec.singleton_groups:
         p.at_least("rollout.group_size", r.group_size, 1)
     else:
         p.check(r.group_size >= 2, "rollout.group_size", r.group_size,
                 ">= 2 (group-relative advantages are 0 in a group of one)")
+    if a.estimator in algorithm_names() and a.spec.agent not in (None, cfg.agent.name):
+        p.add(f"algo.estimator={a.estimator!r} needs the agent {a.spec.agent!r} (its reply format); "
+              f"set agent.name={a.spec.agent}")
     agent = _agent_spec(cfg.agent.name)
     if agent and e.name in allowed_values()["env"]:
         p.check(e.name in agent.envs, "agent.name", cfg.agent.name, f"an agent with a prompt for "

@@ -28,10 +28,9 @@ from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.qwen2 import resolve_attention
 from hgpo_jax.models.xla_options import plan_compiler_options
-from hgpo_jax.rl.ppo import make_train_step
+from hgpo_jax.rl.algorithms import build_algorithm
 from hgpo_jax.rl.batching import CriticRows, PolicyRows
 from hgpo_jax.rl.update import batch_shardings, opt_state_shardings, param_shardings
-from hgpo_jax.trainers.rl import build_loss_config
 from hgpo_jax.runs import build_optimizer
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.
@@ -122,12 +121,11 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
     L = r.max_prompt_tokens + r.max_new_tokens
     M, W = t.mini_batch_size, r.max_new_tokens
-    spec = cfg.algo.spec  # what the algorithm needs: token advantages, a critic
+    algorithm = build_algorithm(cfg, mesh, M // t.micro_batch_size)  # its state is never built
+    spec = algorithm.spec  # what the algorithm needs: token advantages, a critic
     minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=spec.token_advantages), mesh)
 
-    step = make_train_step(graphdef, tx, build_loss_config(cfg), M // t.micro_batch_size, mesh,
-                           shardings, opt_shardings, window=W,
-                           token_advantages=spec.token_advantages)
+    step = algorithm.policy_step(graphdef, tx, mesh, shardings, opt_shardings)
     t0 = time.perf_counter()
     compiled = step.lower(abs_params, abs_opt, minibatch).compile(
         compiler_options=plan_compiler_options(mesh))

@@ -36,26 +36,19 @@ from tqdm.auto import tqdm
 from hgpo_jax import distributed as dist
 from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
-from hgpo_jax.rl.algorithms import Advantages, LinkedTurns, StepRows, build_algorithm, loss_config
+from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
+                                    scoring_temperature)
 from hgpo_jax.rl.batching import (MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
                                    gather_rows, length_ladder, minibatch_indices, pack_rows,
                                    packed_shape, take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.critic import CriticState
-from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
+from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn, on_mesh
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
 
 # --------------------------------------------------------------------------- set-up helpers
-def scoring_temperature(rollout) -> float:
-    """The temperature the trainer scores log-probs at (old, reference and the updated policy's,
-    with the entropy and the KL): the rollout's, so the policy trained is the one sampled, as
-    verl-agent divides the logits by the rollout temperature in every log-prob pass. Greedy
-    rollouts (temperature 0) are scored at 1."""
-    return rollout.temperature if rollout.temperature > 0 else 1.0
-
-
 def build_loss_config(cfg) -> LossConfig:
     """The config's PPO-KL loss settings (`cfg.algo`, at the rollout's `scoring_temperature`)."""
     return loss_config(cfg.algo, scoring_temperature(cfg.rollout))
@@ -246,24 +239,19 @@ class Trainer(Run):
             self.procs = jax.process_count()
             num_micro = t.mini_batch_size // t.micro_batch_size
             self.algorithm = build_algorithm(cfg, self.mesh, num_micro)
-            token_advantages = self.algorithm.spec.token_advantages
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
                                     ref_params=jax.tree.map(jnp.copy, self.state.params),
                                     key=jax.random.PRNGKey(t.seed),
                                     critic=self.algorithm.init_state(self.model(), t.seed))
-            loss_cfg = build_loss_config(cfg)
-            self.train_step = make_train_step(self.graphdef, self.tx, loss_cfg, num_micro,
-                                              self.mesh, self.shardings, self.opt_shardings,
-                                              window=r.max_new_tokens,
-                                              token_advantages=token_advantages)
+            self.train_step = self.algorithm.policy_step(self.graphdef, self.tx, self.mesh,
+                                                         self.shardings, self.opt_shardings)
             self.budget = t.max_tokens_per_micro_batch  # token-budget micro-batches (0: fixed)
-            self.budget_step = make_budget_train_step(
-                self.graphdef, self.tx, loss_cfg, self.budget, self.mesh,
-                self.shardings, self.opt_shardings, window=r.max_new_tokens,
-                token_advantages=token_advantages) if self.budget else None
+            self.budget_step = self.algorithm.policy_budget_step(
+                self.graphdef, self.tx, self.budget, self.mesh, self.shardings,
+                self.opt_shardings) if self.budget else None
             self.logprob_fn = make_logprob_fn(self.graphdef, self.mesh, self.shardings,
                                               window=r.max_new_tokens, token_budget=self.budget,
-                                              temperature=loss_cfg.temperature)
+                                              temperature=scoring_temperature(r))
 
             self.env_spec = with_reward(get_env(cfg.env.name), cfg.env.reward)
             self.agent = get_agent(cfg.agent.name, cfg.env.name, projection=cfg.env.projection)

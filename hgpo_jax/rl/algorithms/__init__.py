@@ -1,6 +1,7 @@
 """Algorithms as units: one per family, chosen by the config's declaration.
 
     algorithm = build_algorithm(cfg, mesh, num_micro)   # cfg.algo.estimator -> its family's unit
+    step = algorithm.policy_step(graphdef, tx, mesh, shardings, opt_shardings)  # its PPO-KL update
     state = algorithm.init_state(policy, seed)          # a critic's params and optimizer state
     adv = algorithm.advantages(rows, state, rows_pass)  # rows: base.StepRows -> base.Advantages
 
@@ -15,7 +16,7 @@ declaration in `hgpo_jax.algo_specs.ALGORITHMS` (docs/architecture.md).
 from __future__ import annotations
 
 from hgpo_jax.rl.algorithms.base import (Advantages, Algorithm, LinkedTurns, StepRows,
-                                         loss_config)
+                                         loss_config, scoring_temperature)
 from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
 from hgpo_jax.rl.algorithms.group import GroupAlgorithm, diagnostic_metrics
 
@@ -30,4 +31,5 @@ def build_algorithm(cfg, mesh=None, num_micro: int = 1) -> Algorithm:
 
 
 __all__ = ["Advantages", "Algorithm", "CriticAlgorithm", "FAMILIES", "GroupAlgorithm",
-           "LinkedTurns", "StepRows", "build_algorithm", "diagnostic_metrics", "loss_config"]
+           "LinkedTurns", "StepRows", "build_algorithm", "diagnostic_metrics", "loss_config",
+           "scoring_temperature"]

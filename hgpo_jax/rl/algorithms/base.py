@@ -10,8 +10,8 @@ dict that stages mutate):
 
 `Algorithm` is one family's unit (`hgpo_jax.rl.algorithms.group`, `.critic`): built from the
 config and its declaration (`hgpo_jax.algo_specs.AlgorithmSpec`), it provides the advantage
-stage, the critic's update (none without a critic), the policy loss settings, and its device
-state (a critic's params and optimizer state; None without one).
+stage, the critic's update (none without a critic), the policy's loss settings and train steps
+(its loss pieces), and its device state (a critic's params and optimizer state; None without one).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from hgpo_jax.algo_specs import AlgorithmSpec
 from hgpo_jax.rl.batching import CriticRows, PolicyRows, TokenRows, TrainBatch
-from hgpo_jax.rl.ppo import LossConfig
+from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
 from hgpo_jax.rl.rollout import RolloutBatch
 
 
@@ -119,6 +119,14 @@ class Advantages:
     returns: np.ndarray | None = None
 
 
+def scoring_temperature(rollout) -> float:
+    """The temperature the trainer scores log-probs at (old, reference and the updated policy's,
+    with the entropy and the KL): the rollout's, so the policy trained is the one sampled, as
+    verl-agent divides the logits by the rollout temperature in every log-prob pass. Greedy
+    rollouts (temperature 0) are scored at 1."""
+    return rollout.temperature if rollout.temperature > 0 else 1.0
+
+
 def loss_config(algo, temperature: float) -> LossConfig:
     """The policy's PPO-KL loss settings of a config's `algo` section (`algo_specs.LossOptions`),
     scored at `temperature`."""
@@ -137,6 +145,28 @@ class Algorithm:
     def __init__(self, cfg, spec: AlgorithmSpec, mesh=None, num_micro: int = 1):
         self.cfg, self.spec, self.mesh, self.num_micro = cfg, spec, mesh, num_micro
 
+    # ------------------------------------------------------------------ the policy's loss
+    def loss_config(self) -> LossConfig:
+        """The policy's PPO-KL loss settings (`cfg.algo`), at the rollout's scoring temperature."""
+        return loss_config(self.cfg.algo, scoring_temperature(self.cfg.rollout))
+
+    def policy_step(self, graphdef, tx, mesh=None, shardings=None, opt_shardings=None):
+        """jit(params, opt_state, mini-batch `PolicyRows`) -> (params, opt_state, metrics): one
+        policy update of `num_micro` micro-batches, with this algorithm's advantages (per row
+        or per token) in the PPO-KL loss (`rl.ppo.make_train_step`)."""
+        return make_train_step(graphdef, tx, self.loss_config(), self.num_micro, mesh, shardings,
+                               opt_shardings, window=self.cfg.rollout.max_new_tokens,
+                               token_advantages=self.spec.token_advantages)
+
+    def policy_budget_step(self, graphdef, tx, budget: int, mesh=None, shardings=None,
+                           opt_shardings=None):
+        """`policy_step` over token-budget micro-batches of `budget` tokens per device
+        (`rl.ppo.make_budget_train_step`)."""
+        return make_budget_train_step(graphdef, tx, self.loss_config(), budget, mesh, shardings,
+                                      opt_shardings, window=self.cfg.rollout.max_new_tokens,
+                                      token_advantages=self.spec.token_advantages)
+
+    # ------------------------------------------------------------------ its own state and stages
     def init_state(self, policy, seed: int) -> Any:
         """The unit's device state at the start of a run (None: it has none)."""
         return None
