@@ -1,0 +1,178 @@
+"""Algorithms as units: their declarations (`hgpo_jax.algo_specs`), the units that run them
+(`hgpo_jax.rl.algorithms`), the typed rows an iteration passes between stages, and that a new
+algorithm runs in the trainer without a change in trainers/."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hgpo_jax import algo_specs
+from hgpo_jax.algo_specs import ALGO_OPTIONS, AlgorithmSpec, GroupOptions, algorithm_spec
+from hgpo_jax.config import AlgoConfig, ConfigError, load_config
+from hgpo_jax.rl import algorithms
+from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
+from hgpo_jax.rl.algorithms import (Advantages, Algorithm, CriticAlgorithm, GroupAlgorithm,
+                                    LinkedTurns, StepRows, build_algorithm)
+from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.rollout import RolloutBatch
+
+
+# ------------------------------------------------------------------------------------- declarations
+def test_the_declarations_say_what_each_algorithm_needs():
+    assert algo_specs.algorithm_names() == ("grpo", "rloo", "gigpo", "hgpo", "ppo")
+    assert algo_specs.GROUP_ESTIMATORS == ("grpo", "rloo", "gigpo", "hgpo")
+    for name in algo_specs.GROUP_ESTIMATORS:
+        spec = algorithm_spec(name)
+        assert (spec.family, spec.has_critic, spec.token_advantages, spec.singleton_groups,
+                spec.sections) == ("group", False, False, False, ())
+    ppo = algorithm_spec("ppo")
+    assert (ppo.family, ppo.critic_heads, ppo.token_advantages, ppo.singleton_groups,
+            ppo.sections) == ("critic", 1, True, True, ("critic",))
+    with pytest.raises(ValueError, match="unknown algorithm 'hgp'.*Did you mean 'hgpo'"):
+        algorithm_spec("hgp")
+    # every declared family has its unit
+    assert {s.family for s in algo_specs.ALGORITHMS.values()} <= set(algorithms.FAMILIES)
+
+
+def test_each_option_is_declared_once_and_checked_beside_it():
+    names = [f.name for f in dataclasses.fields(AlgoConfig)]
+    assert len(names) == len(set(names))
+    declared = {f.name for cls in ALGO_OPTIONS for f in dataclasses.fields(cls)}
+    assert set(names) == declared | {"estimator"}
+    assert AdvantageOptions is GroupOptions  # the estimators' options are the config's fields
+    assert GroupOptions.of(load_config(None, ["algo.K=4"]).algo).K == 4
+    # built in code: a ValueError naming the option; in a config: the key and how to fix it
+    with pytest.raises(ValueError, match="unknown mode 'zscore'"):
+        GroupOptions(mode="zscore")
+    with pytest.raises(ConfigError, match=r"algo.mode='zscore' is not allowed; use one of mean_std_norm"):
+        load_config(None, ["algo.mode=zscore"])
+    assert AlgoConfig().problems("algo.") == []
+
+
+def test_the_config_reads_the_declaration():
+    # groups of one only for an algorithm that declares them
+    assert load_config("tiny_cpu_ppo").rollout.group_size == 1
+    with pytest.raises(ConfigError, match="rollout.group_size=1: must be >= 2"):
+        load_config("tiny_cpu_ppo", ["algo.estimator=grpo"])
+    # an algorithm's own sections are shown for it only
+    from hgpo_jax.config import format_config
+    assert "\n  critic" in format_config(load_config("tiny_cpu_ppo"))
+    assert "\n  critic" not in format_config(load_config("tiny_cpu"))
+
+
+def test_an_algorithm_that_needs_an_agent_says_which(monkeypatch):
+    monkeypatch.setitem(algo_specs.ALGORITHMS, "planner",
+                        AlgorithmSpec("planner", "group", "a test algorithm", agent="plan-execute"))
+    with pytest.raises(ConfigError, match="algo.estimator='planner' needs the agent 'plan-execute'"
+                                          ".*set agent.name=plan-execute"):
+        load_config("tiny_cpu_toy", ["algo.estimator=planner"])
+
+
+# ------------------------------------------------------------------------------------- typed rows
+def rollout_batch(traj, step, reward, valid, done, task=None) -> RolloutBatch:
+    """A RolloutBatch of the given columns (one-token prompts and responses)."""
+    n = len(traj)
+    task = [t // 2 for t in traj] if task is None else task
+    return RolloutBatch(
+        task_id=np.asarray(task, np.int64), traj_id=np.asarray(traj, np.int64),
+        step_id=np.asarray(step, np.int64), anchor=[f"obs{s}" for s in step],
+        prompt_ids=[[1, 2]] * n, response_ids=[[3, 4]] * n, sample_logp=[[-0.5, -0.5]] * n,
+        reward=np.asarray(reward, np.float64), valid=np.asarray(valid, bool),
+        done=np.asarray(done, bool), won=np.zeros(n, bool), task_type=["t"] * n,
+        episode_traj=np.unique(traj), episode_won=np.zeros(len(set(traj)), bool),
+        episode_task_type=["t"] * len(set(traj)), episode_length=np.bincount(traj)[np.unique(traj)],
+        num_failed=0, timing={})
+
+
+def step_rows(batch: RolloutBatch, rows: int = 8) -> StepRows:
+    packed = pack_rows(batch.prompt_ids, batch.response_ids, np.zeros(len(batch), np.float32),
+                       batch.sample_logp, pad_id=0, row_multiple=rows, length_multiple=8)
+    zeros = np.zeros(packed.input_ids.shape, np.float32)
+    return StepRows(batch, packed, zeros, zeros, LinkedTurns.of(batch, packed.shape[0]))
+
+
+# trajectories 0, 1 (task 0) and 2, 3 (task 1); rows out of order
+BATCH = dict(traj=[0, 1, 0, 2, 3, 1, 3], step=[0, 0, 1, 0, 0, 1, 1],
+             reward=[0.0, 0.0, 10.0, 0.0, 0.0, 0.0, 10.0],
+             valid=[True, False, True, True, True, True, False],
+             done=[False, False, True, True, False, True, True])
+
+
+def test_linked_turns_carry_each_turn_and_its_episode():
+    b = rollout_batch(**BATCH)
+    turns = LinkedTurns.of(b, 8)
+    np.testing.assert_array_equal(turns.traj_id, [0, 1, 0, 2, 3, 1, 3, -1])
+    np.testing.assert_array_equal(turns.turn, [0, 0, 1, 0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(turns.done, [0, 0, 1, 1, 0, 1, 1, 0])
+    np.testing.assert_array_equal(turns.reward, [0, 0, 10, 0, 0, 0, 10, 0])
+    np.testing.assert_array_equal(turns.valid, [1, 0, 1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(turns.episode_rewards(), [10, 0, 10, 0, 10, 0, 10, 0])
+
+
+def test_the_group_unit_gives_the_estimators_advantages():
+    b = rollout_batch(**BATCH)
+    rows = step_rows(b)
+    for name in algo_specs.GROUP_ESTIMATORS:
+        cfg = load_config("tiny_cpu_toy", [f"algo.estimator={name}", "train.diagnostics=false"])
+        unit = build_algorithm(cfg)
+        assert isinstance(unit, GroupAlgorithm) and unit.init_state(None, 0) is None
+        adv = unit.advantages(rows, None, None)
+        want = compute_step_advantages(name, b.task_id, b.traj_id, b.step_id, b.anchor, b.reward,
+                                       valid=b.valid, options=GroupOptions.of(cfg.algo))
+        np.testing.assert_array_equal(adv.advantages[:len(b)], want)
+        assert adv.advantages.shape == (8,) and not adv.advantages[len(b):].any()
+        np.testing.assert_array_equal(adv.row_adv, want)
+        assert "hierarchy/level0_grouped_fraction" in adv.row_means
+        # the policy's rows carry them, with the log-probs the rows hold
+        policy = rows.policy_rows(adv)
+        assert policy.advantages is adv.advantages and policy.old_logp is rows.old_logp
+
+
+def test_the_critic_unit_rewards_each_row_with_its_episode_less_its_own_penalty():
+    b = rollout_batch(**BATCH)
+    unit = build_algorithm(load_config("tiny_cpu_ppo"))
+    assert isinstance(unit, CriticAlgorithm)
+    # verl-agent's PPO baseline: the episode's reward on every row, minus the invalid step's 0.1
+    np.testing.assert_allclose(unit.rewards(step_rows(b)),
+                               [10, -0.1, 10, 0, 10, 0, 9.9, 0], rtol=1e-6)
+    assert unit.updates_policy(0)
+
+
+# ------------------------------------------------------------------------------------- a new unit
+class ConstantAlgorithm(Algorithm):
+    """A test family: every row's advantage is `cfg.algo.omega`, token advantages as declared."""
+
+    def advantages(self, rows: StepRows, state, rows_pass) -> Advantages:
+        n, mask = rows.num_rows, rows.tokens.response_mask
+        value = np.float32(self.cfg.algo.omega)
+        if self.spec.token_advantages:
+            adv = value * mask.astype(np.float32)
+            adv[n:] = 0.0
+        else:
+            adv = np.zeros(mask.shape[0], np.float32)
+            adv[:n] = value
+        return Advantages(adv, np.full(n, value, np.float32), {"const/rows": float(n)})
+
+
+@pytest.mark.parametrize("token_advantages", [False, True])
+def test_a_new_algorithm_runs_in_the_trainer_with_no_change_there(tmp_path, monkeypatch,
+                                                                  token_advantages):
+    """What adding an algorithm takes: its declaration and its unit; the trainer, the config
+    checks and the loss read them."""
+    from hgpo_jax.trainers.rl import Trainer
+
+    monkeypatch.setitem(algo_specs.ALGORITHMS, "const", AlgorithmSpec(
+        "const", "const", "every row's advantage is algo.omega",
+        token_advantages=token_advantages, singleton_groups=True))
+    monkeypatch.setitem(algorithms.FAMILIES, "const", ConstantAlgorithm)
+    cfg = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path / 'run'}", "env.num_workers=1",
+                                       "algo.estimator=const", "algo.omega=0.5",
+                                       "rollout.group_size=1", "train.iterations=1"])
+    with Trainer(cfg, progress=False) as trainer:
+        assert isinstance(trainer.algorithm, ConstantAlgorithm) and trainer.state.critic is None
+        (metrics,) = trainer.train()
+    assert metrics["const/rows"] == metrics["rollout/steps"] > 0
+    assert metrics["train/mean_advantage"] == pytest.approx(0.5)
+    assert metrics["train/std_advantage"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
