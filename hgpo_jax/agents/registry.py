@@ -11,11 +11,11 @@ are listed once in `PROVIDERS` (imported on first use), as envs are in `hgpo_jax
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from functools import lru_cache
 
 from hgpo_jax.agents.base import Agent
+from hgpo_jax.declared import gather, lookup
 
 PROVIDERS = ("hgpo_jax.agents.verl_agent",)
 DEFAULT_AGENT = "verl-agent"
@@ -37,13 +37,7 @@ class AgentSpec:
 
 @lru_cache(maxsize=1)
 def _specs() -> dict[str, AgentSpec]:
-    specs: dict[str, AgentSpec] = {}
-    for module in PROVIDERS:
-        for name, spec in importlib.import_module(module).AGENT_SPECS.items():
-            if name in specs:
-                raise ValueError(f"agent {name!r} is declared twice ({module})")
-            specs[name] = spec
-    return specs
+    return gather(PROVIDERS, "AGENT_SPECS", "agent")
 
 
 def agent_names() -> tuple[str, ...]:
@@ -53,10 +47,7 @@ def agent_names() -> tuple[str, ...]:
 
 def agent_spec(name: str) -> AgentSpec:
     """The registry entry of agent `name`; a clear error naming the known ones otherwise."""
-    specs = _specs()
-    if name not in specs:
-        raise ValueError(f"unknown agent {name!r}; use one of {', '.join(specs)}")
-    return specs[name]
+    return lookup(_specs(), name, "agent")
 
 
 def projection_names(name: str | None = None) -> tuple[str, ...]:

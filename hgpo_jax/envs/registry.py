@@ -14,9 +14,10 @@ declaration and one line here; nothing else in the system names envs.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from functools import lru_cache
+
+from hgpo_jax.declared import gather, lookup
 
 PROVIDERS = ("hgpo_jax.envs.alfworld", "hgpo_jax.envs.toy", "hgpo_jax.envs.webshop")
 
@@ -57,13 +58,7 @@ class EnvSpec:
 
 @lru_cache(maxsize=1)
 def _specs() -> dict[str, EnvSpec]:
-    specs: dict[str, EnvSpec] = {}
-    for module in PROVIDERS:
-        for name, spec in importlib.import_module(module).ENV_SPECS.items():
-            if name in specs:
-                raise ValueError(f"env {name!r} is declared twice ({module})")
-            specs[name] = spec
-    return specs
+    return gather(PROVIDERS, "ENV_SPECS", "env")
 
 
 DEFAULT_REWARD = "default"
@@ -92,7 +87,4 @@ def env_names() -> tuple[str, ...]:
 
 def get_env(name: str) -> EnvSpec:
     """The spec of env `name`; a clear error naming the known ones otherwise."""
-    specs = _specs()
-    if name not in specs:
-        raise ValueError(f"unknown env {name!r}; use one of {', '.join(specs)}")
-    return specs[name]
+    return lookup(_specs(), name, "env")
