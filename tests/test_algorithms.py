@@ -127,6 +127,10 @@ def test_the_group_unit_gives_the_estimators_advantages():
         # the policy's rows carry them, with the log-probs the rows hold
         policy = rows.policy_rows(adv)
         assert policy.advantages is adv.advantages and policy.old_logp is rows.old_logp
+        assert policy.response_mask is rows.tokens.response_mask
+        # an algorithm may narrow the tokens the policy's loss covers
+        some = rows.tokens.response_mask * (np.arange(rows.tokens.response_mask.shape[1]) % 2)
+        assert rows.policy_rows(dataclasses.replace(adv, loss_mask=some)).response_mask is some
 
 
 def test_the_critic_unit_rewards_each_row_with_its_episode_less_its_own_penalty():
@@ -171,6 +175,7 @@ def test_a_new_algorithm_runs_in_the_trainer_with_no_change_there(tmp_path, monk
                                        "rollout.group_size=1", "train.iterations=1"])
     with Trainer(cfg, progress=False) as trainer:
         assert isinstance(trainer.algorithm, ConstantAlgorithm) and trainer.state.critic is None
+        assert trainer.algorithm.tokenizer is trainer.tokenizer  # for units that read the reply
         (metrics,) = trainer.train()
     assert metrics["const/rows"] == metrics["rollout/steps"] > 0
     assert metrics["train/mean_advantage"] == pytest.approx(0.5)

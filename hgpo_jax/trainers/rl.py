@@ -238,7 +238,7 @@ class Trainer(Run):
             self.groups = dist.process_share(r.num_groups, "rollout.num_groups")
             self.procs = jax.process_count()
             num_micro = t.mini_batch_size // t.micro_batch_size
-            self.algorithm = build_algorithm(cfg, self.mesh, num_micro)
+            self.algorithm = build_algorithm(cfg, self.mesh, num_micro, self.tokenizer)
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
                                     ref_params=jax.tree.map(jnp.copy, self.state.params),
                                     key=jax.random.PRNGKey(t.seed),

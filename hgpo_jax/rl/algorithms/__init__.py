@@ -23,11 +23,11 @@ from hgpo_jax.rl.algorithms.group import GroupAlgorithm, diagnostic_metrics
 FAMILIES = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
 
 
-def build_algorithm(cfg, mesh=None, num_micro: int = 1) -> Algorithm:
+def build_algorithm(cfg, mesh=None, num_micro: int = 1, tokenizer=None) -> Algorithm:
     """The unit of `cfg.algo.estimator`'s family, on the run's mesh (`num_micro`: micro-batches
-    per mini-batch of a critic's update)."""
+    per mini-batch; `tokenizer`: the policy's)."""
     spec = cfg.algo.spec
-    return FAMILIES[spec.family](cfg, spec, mesh, num_micro)
+    return FAMILIES[spec.family](cfg, spec, mesh, num_micro, tokenizer)
 
 
 __all__ = ["Advantages", "Algorithm", "CriticAlgorithm", "FAMILIES", "GroupAlgorithm",

@@ -90,10 +90,12 @@ class StepRows:
                          response_mask=t.response_mask)
 
     def policy_rows(self, adv: Advantages) -> PolicyRows:
-        """The policy update's rows with the advantages `adv` gives."""
+        """The policy update's rows with the advantages `adv` gives; its loss covers the response
+        tokens, or those of `adv.loss_mask` when the algorithm chose some."""
         t = self.tokens
+        mask = t.response_mask if adv.loss_mask is None else adv.loss_mask
         return PolicyRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
-                          response_mask=t.response_mask, advantages=adv.advantages,
+                          response_mask=mask, advantages=adv.advantages,
                           old_logp=self.old_logp, ref_logp=self.ref_logp)
 
     def critic_rows(self, adv: Advantages) -> CriticRows:
@@ -109,7 +111,9 @@ class Advantages:
     `AlgorithmSpec.token_advantages`), inert rows 0; values, returns: the critic's values before
     the update and its targets ([S, W] or [S, W, H]; None without a critic); row_adv float [n]:
     each real row's advantage (its token mean per token), for the statistics; row_means:
-    statistics averaged over the rows (of every process); metrics: metrics global already."""
+    statistics averaged over the rows (of every process); metrics: metrics global already;
+    loss_mask: float32 [S, L], the tokens the policy's loss covers, a subset of the response
+    tokens (None: all of them)."""
 
     advantages: np.ndarray
     row_adv: np.ndarray
@@ -117,6 +121,7 @@ class Advantages:
     metrics: dict = dataclasses.field(default_factory=dict)
     values: np.ndarray | None = None
     returns: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
 
 
 def scoring_temperature(rollout) -> float:
@@ -139,11 +144,13 @@ class Algorithm:
     """One algorithm family's unit in the trainer's loop (subclasses: `GroupAlgorithm`,
     `CriticAlgorithm`). Built once per run by `hgpo_jax.rl.algorithms.build_algorithm`.
 
-    spec: its declaration; mesh: the run's; num_micro: micro-batches per mini-batch; state: its device state at the start of a run (`init_state`), which
+    spec: its declaration; mesh: the run's; num_micro: micro-batches per mini-batch; tokenizer:
+    the policy's (for a unit that reads the reply's tokens; None in `plan`); state: its device state at the start of a run (`init_state`), which
     the trainer keeps in `TrainState.critic` and checkpoints under "critic"."""
 
-    def __init__(self, cfg, spec: AlgorithmSpec, mesh=None, num_micro: int = 1):
+    def __init__(self, cfg, spec: AlgorithmSpec, mesh=None, num_micro: int = 1, tokenizer=None):
         self.cfg, self.spec, self.mesh, self.num_micro = cfg, spec, mesh, num_micro
+        self.tokenizer = tokenizer
 
     # ------------------------------------------------------------------ the policy's loss
     def loss_config(self) -> LossConfig:

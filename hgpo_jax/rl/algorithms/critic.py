@@ -20,8 +20,8 @@ class CriticAlgorithm(Algorithm):
     step (the rows of an episode are not linked in verl-agent's PPO baseline); its critic has
     `spec.critic_heads` heads. Its device state is a `rl.critic.CriticState`."""
 
-    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1):
-        super().__init__(cfg, spec, mesh, num_micro)
+    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
+        super().__init__(cfg, spec, mesh, num_micro, tokenizer)
         self.window = cfg.rollout.max_new_tokens
         self.critic: Critic | None = None  # its functions, made with its state (init_state)
 

@@ -36,8 +36,8 @@ class GroupAlgorithm(Algorithm):
     `train.diagnostics`, each estimator's bias against the oracle; always, the fraction of rows
     grouped at each HGPO context level."""
 
-    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1):
-        super().__init__(cfg, spec, mesh, num_micro)
+    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
+        super().__init__(cfg, spec, mesh, num_micro, tokenizer)
         self.options = GroupOptions.of(cfg.algo)
         self.diagnostics = cfg.train.diagnostics
 
