@@ -1,0 +1,422 @@
+"""HiPER's Hierarchical Advantage Estimation (HAE): three advantages per turn of a plan-execute
+agent, as the authors' `compute_hae_advantage` computes them (JonP07/HiPER-agent at 9d3c118,
+`hiper_hae/core_hae.py`; the specification is /work/shared/design/hiper.md section 2).
+
+Each row is one turn t of a trajectory (an episode), with the env reward r_t, the parsed switch
+(`new_segment`: True = SWITCH, a new sub-goal) and three critic values read at that turn: VL_t
+(low head, the state before the action), VH_t (high head, the state before the sub-goal; used on
+segment starts only) and VT_t (termination head, the state before the switch). A turn is a
+boundary when t == 0 or it says SWITCH; a segment is a maximal run [s, e] of turns that starts at
+a boundary. With nd_t = 1 - done_t:
+
+- Reward shaping (host, NumPy, float64 then float32), in this order:
+  keep penalty p_k: mode "fixed" adds p_k on every KEEP row (new_segment False, turn 0
+  included); mode "normalized" adds p_k / n on every KEEP row of a trajectory of n >= 2 rows
+  (the authors' p_k * (n_keep / n) / n_keep) and nothing in a 1-row trajectory;
+  invalid penalty c: r_t -= c on rows with valid False;
+  consistency penalty p_c: r_t += p_c on KEEP rows of turn >= 1 whose sub-goal differs from
+  the previous turn's (`subgoal_changed`), both turns having a sub-goal span.
+- Low level: GAE inside each segment. V_next is VL_{t+1} inside the segment; at the segment's
+  end it is VH of the next segment's start, else (last segment, `bootstrap_truncated`) the
+  row's own VL_t, else 0; delta_t = r_t + gamma nd_t V_next - VL_t, A_t = delta_t +
+  gamma lam_turn nd_t A_{t+1} (A after the segment's end = 0); return = A + VL.
+- High level: SMDP GAE over the segments k of a trajectory, stored on the start row s_k:
+  R_k = sum_j gamma^j r_{s_k+j} over the segment's d_k turns, nd = nd at the segment's end,
+  boot = VH of the next segment's start, else (`bootstrap_truncated`) VH of the segment's own
+  start, else 0 (and 0 when done); delta_k = R_k + gamma^d_k nd boot - VH_{s_k};
+  A_k = delta_k + gamma^d_k lam_seg nd A_{k+1}; return = A_k + VH_{s_k}.
+- Termination level: G = boot (as for the high level) at the segment's end, then backwards
+  G <- r_t + gamma G; the return is G and the advantage G - VT_t, on every row.
+- Normalization (`normalize`, the authors' `norm_adv`): each level separately,
+  (x - mean) / (population std + 1e-8) over the rows that carry that level's tokens: low =
+  every row (the action mask always has tokens: the whole reply when there are no action
+  tags); high = segment starts with a sub-goal span (`has_subgoal`); term = rows with a switch
+  span (`has_switch`). The statistics' rows are as the authors'; the normalized value is also
+  given on the level's other rows (segment starts without a sub-goal span, rows without a
+  switch span: their tokens get nothing, so it is never used); `high` stays 0 off segment
+  starts. A level with no such row keeps its raw values. Returns are never normalized.
+
+Shapes: the entry point `hae_advantages` takes [N] rows in any order; they are put into padded
+[E, T] tensors (E trajectories, T turns, each bucketed to a power of two, padding inert: it never
+enters a trajectory, a sum or a statistic) and the three levels and the normalization run as one
+jitted float32 function built on a reverse `jax.lax.scan` over the turns (`hae_scan`).
+
+Quirks of the authors' code, reproduced: turn 0 is a boundary even when it says KEEP (and a
+KEEP turn 0 gets the keep penalty); `bootstrap_truncated` bootstraps a truncated last segment
+from the row's own VL at the low level but from VH of the segment's own start at the high and
+termination levels; the normalized keep penalty is p_k / n on KEEP rows and absent in 1-row
+trajectories; the termination advantage is the Monte Carlo return minus VT, not the paper's
+(q - beta)(V_high - V_low); dones are read per row at the low level (nd_t) and at the segment's
+end only at the high and termination levels.
+
+Quirk fixed: the authors' trainer pads its batch with duplicates of random rows before HAE; a
+duplicate keeps its trajectory and turn, so it becomes an extra turn (its reward counted twice,
+the keep penalty's n grown, the statistics skewed). Here a duplicated (trajectory, turn) is an
+error: the caller computes HAE on the real rows and pads with inert rows after HAE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hgpo_jax.rl.batching import bucket
+from hgpo_jax.rl.grouping import intern
+
+KEEP_PENALTY_MODES = ("normalized", "fixed")
+NORM_EPS = 1e-8
+MIN_EPISODES = 8  # smallest E bucket
+MIN_TURNS = 8  # smallest T bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class HAEResult:
+    """HAE's per-row outputs, all [N] in the input rows' order.
+
+    low, high, term: float32 advantages (normalized per level when `normalize`; `high` is 0 off
+      segment starts).
+    low_raw, high_raw, term_raw: float32 advantages before normalization.
+    low_return, high_return, term_return: float32 critic targets (raw; `high_return` is 0 off
+      segment starts).
+    rewards: float32 shaped rewards (env reward + keep, invalid and consistency penalties).
+    has_high: bool, the row starts a segment (turn 0 or SWITCH): the high level's rows.
+    segment_end: bool, the row ends a segment (last turn, or the next turn starts one).
+    high_mask, low_mask, term_mask: bool, the rows whose tokens carry that level and that enter
+      its normalization (`has_high & has_subgoal`, every row, `has_switch`).
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+    term: np.ndarray
+    low_return: np.ndarray
+    high_return: np.ndarray
+    term_return: np.ndarray
+    low_raw: np.ndarray
+    high_raw: np.ndarray
+    term_raw: np.ndarray
+    rewards: np.ndarray
+    has_high: np.ndarray
+    segment_end: np.ndarray
+    low_mask: np.ndarray
+    high_mask: np.ndarray
+    term_mask: np.ndarray
+
+
+# ----------------------------------------------------------------------------------------------
+# Device functions (pure; run under jax.jit)
+
+
+def hae_scan(rewards, dones, boundary, real, v_low, v_high, v_term, gamma, lam_turn, lam_seg,
+             bootstrap_truncated):
+    """The three levels' raw advantages and returns by one reverse scan over the turns.
+
+    Args:
+      rewards, v_low, v_high, v_term: float32 [E, T] (shaped reward and the three values; v_high
+        is read on boundaries only).
+      dones, boundary, real: bool [E, T]. real: the turn exists (trajectory e has turns
+        0..n_e-1, padding after); boundary: the turn starts a segment (real turns only).
+      gamma, lam_turn, lam_seg: float32 scalars; bootstrap_truncated: bool scalar.
+    Returns:
+      dict of [E, T]: low, low_return, high, high_return (0 off boundaries), term, term_return
+      (float32; 0 on padding) and segment_end (bool).
+    """
+    f32 = jnp.float32
+    num_episodes, _ = rewards.shape
+    # VH of each turn's own segment start (the truncated bootstrap of the high/term levels)
+    t_idx = jnp.broadcast_to(jnp.arange(rewards.shape[1])[None, :], rewards.shape)
+    start_idx = jax.lax.cummax(jnp.where(boundary, t_idx, 0), axis=1)
+    vh_own = jnp.take_along_axis(v_high, start_idx, axis=1)
+
+    def step(carry, xs):
+        r, done, b, ok, vl, vh, vt, vho = xs
+        nd = 1.0 - done.astype(f32)
+        end = ok & carry["next_starts"]  # the next turn starts a segment or does not exist
+        # bootstrap value after the segment's end (already 0 when done)
+        later = jnp.where(carry["has_next"], carry["vh_next"],
+                          jnp.where(bootstrap_truncated, vho, 0.0))
+        boot = jnp.where(end, nd * later, carry["boot"])
+        nd_end = jnp.where(end, nd, carry["nd_end"])
+        # low level: GAE inside the segment
+        low_later = jnp.where(carry["has_next"], carry["vh_next"],
+                              jnp.where(bootstrap_truncated, vl, 0.0))
+        v_next = jnp.where(end, low_later, carry["vl_next"])
+        a_next = jnp.where(end, 0.0, carry["a_low"])
+        a_low = r + gamma * nd * v_next - vl + gamma * lam_turn * nd * a_next
+        # segment sums from this turn to the segment's end, and gamma^(turns to the end)
+        seg_ret = r + gamma * jnp.where(end, 0.0, carry["seg_ret"])
+        disc = gamma * jnp.where(end, 1.0, carry["disc"])
+        g = r + gamma * jnp.where(end, boot, carry["g"])
+        # high level at the segment's start
+        a_high = (seg_ret + disc * boot - vh
+                  + disc * lam_seg * nd_end * carry["a_high_next"])
+        a_high = jnp.where(b, a_high, 0.0)
+        new = {
+            "has_next": carry["has_next"] | b,
+            "vh_next": jnp.where(b, vh, carry["vh_next"]),
+            "boot": boot, "nd_end": nd_end, "vl_next": vl, "a_low": a_low,
+            "seg_ret": seg_ret, "disc": disc, "g": g,
+            "a_high_next": jnp.where(b, a_high, carry["a_high_next"]),
+        }
+        new = {k: jnp.where(ok, v, carry[k]) for k, v in new.items()}
+        new["next_starts"] = b | ~ok
+        out = (jnp.where(ok, a_low, 0.0), jnp.where(ok, a_low + vl, 0.0),
+               jnp.where(ok, a_high, 0.0), jnp.where(b, a_high + vh, 0.0),
+               jnp.where(ok, g - vt, 0.0), jnp.where(ok, g, 0.0), end)
+        return new, out
+
+    zeros = jnp.zeros((num_episodes,), f32)
+    init = {"next_starts": jnp.ones((num_episodes,), bool),
+            "has_next": jnp.zeros((num_episodes,), bool),
+            "vh_next": zeros, "boot": zeros, "nd_end": zeros, "vl_next": zeros, "a_low": zeros,
+            "seg_ret": zeros, "disc": jnp.ones((num_episodes,), f32), "g": zeros,
+            "a_high_next": zeros}
+    xs = tuple(x.T for x in (rewards.astype(f32), dones, boundary & real, real,
+                             v_low.astype(f32), v_high.astype(f32), v_term.astype(f32),
+                             vh_own.astype(f32)))
+    _, out = jax.lax.scan(step, init, xs, reverse=True)
+    names = ("low", "low_return", "high", "high_return", "term", "term_return", "segment_end")
+    return {name: x.T for name, x in zip(names, out)}
+
+
+def normalize_level(x, mask, eps: float = NORM_EPS):
+    """(x - mean) / (population std + eps) with the statistics over the entries where `mask` is
+    True; x unchanged when the mask is empty. x float32 [E, T], mask bool [E, T]."""
+    m = mask.astype(jnp.float32)
+    n = jnp.sum(m)
+    safe_n = jnp.maximum(n, 1.0)
+    mean = jnp.sum(x * m) / safe_n
+    var = jnp.sum(jnp.square((x - mean) * m)) / safe_n
+    return jnp.where(n > 0, (x - mean) / (jnp.sqrt(var) + eps), x)
+
+
+@jax.jit
+def hae_device(rewards, dones, boundary, real, v_low, v_high, v_term, low_mask, high_mask,
+               term_mask, gamma, lam_turn, lam_seg, bootstrap_truncated, normalize):
+    """`hae_scan` and, when `normalize` (bool scalar), each level's `normalize_level` over its
+    mask (bool [E, T]); the high level stays 0 off boundaries, every level 0 on padding.
+    Returns `hae_scan`'s dict plus low_norm, high_norm, term_norm (float32 [E, T])."""
+    out = hae_scan(rewards, dones, boundary, real, v_low, v_high, v_term, gamma, lam_turn,
+                   lam_seg, bootstrap_truncated)
+    has_high = boundary & real
+    for name, mask, keep in (("low", low_mask, real), ("high", high_mask, has_high),
+                             ("term", term_mask, real)):
+        normed = normalize_level(out[name], mask & real)
+        out[name + "_norm"] = jnp.where(keep, jnp.where(normalize, normed, out[name]), 0.0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Host: validation, reward shaping, padding
+
+
+def _flags(x, n: int, what: str, default: bool) -> np.ndarray:
+    """bool [n] from booleans or 0/1 numbers; `default` everywhere when x is None."""
+    if x is None:
+        return np.full(n, default, bool)
+    a = np.asarray(x)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
+    if a.dtype == bool:
+        return a
+    if n and not (np.issubdtype(a.dtype, np.number) and np.all((a == 0) | (a == 1))):
+        raise ValueError(f"{what} must be booleans (or 0/1 numbers), got dtype {a.dtype}")
+    return a.astype(bool)
+
+
+def _floats(x, n: int, what: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """float64 [n], checked finite (only on `rows` when given; the other rows become 0)."""
+    a = np.asarray(x)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
+    if n and not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+        raise ValueError(f"{what} must be numbers, got dtype {a.dtype}")
+    a = a.astype(np.float64)
+    checked = a if rows is None else np.where(rows, a, 0.0)
+    bad = ~np.isfinite(checked)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{what} must be finite: {int(bad.sum())} NaN/inf value(s), first at "
+                         f"row {i} (value {a[i]})")
+    return checked
+
+
+def _turns(turn_ids) -> np.ndarray:
+    """int64 [N] turn indices (integers, or whole floats), each >= 0."""
+    a = np.asarray(turn_ids)
+    if a.ndim != 1:
+        raise ValueError(f"turn_ids must be 1-D, got shape {a.shape}")
+    n = a.shape[0]
+    if n and not np.issubdtype(a.dtype, np.integer):
+        if not (np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a))
+                and np.all(a == np.round(a))):
+            raise ValueError(f"turn_ids must be integers, got dtype {a.dtype}")
+    a = a.astype(np.int64)
+    if n and a.min() < 0:
+        i = int(np.argmin(a))
+        raise ValueError(f"turn_ids must be >= 0; row {i} has turn {a[i]}")
+    return a
+
+
+def episode_layout(traj_ids, turns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(episode int64 [N], lengths int64 [E]): each row's trajectory code (first appearance
+    order for non-array ids, sorted for arrays) and each trajectory's number of turns. Raises
+    ValueError unless every trajectory's turns are exactly 0..n-1, each once."""
+    n = turns.shape[0]
+    if isinstance(traj_ids, np.ndarray) and traj_ids.ndim != 1:
+        raise ValueError(f"traj_ids must be 1-D, got shape {traj_ids.shape}")
+    if len(traj_ids) != n:
+        raise ValueError(f"traj_ids has {len(traj_ids)} rows, turn_ids {n}: all per-row inputs "
+                         f"must have one length N")
+    episode, num_episodes = intern(traj_ids, "traj_ids")
+    lengths = np.bincount(episode, minlength=num_episodes).astype(np.int64)
+    over = turns >= lengths[episode]
+    flat = episode * (int(turns.max(initial=0)) + 1) + turns
+    uniq, first, counts = np.unique(flat, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        i = int(first[np.flatnonzero(counts > 1)[0]])
+        raise ValueError(f"turn {turns[i]} of trajectory {traj_ids[i]!r} appears "
+                         f"{int(counts.max())} times or more (row {i}); each (trajectory, turn) "
+                         f"must be one row (pad with inert rows after HAE, not with duplicates)")
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise ValueError(f"trajectory {traj_ids[i]!r} has {lengths[episode[i]]} rows but a turn "
+                         f"{turns[i]} (row {i}): its turns must be exactly 0..n-1")
+    return episode, lengths
+
+
+def shape_rewards(rewards: np.ndarray, new_segment: np.ndarray, turns: np.ndarray,
+                  lengths: np.ndarray, valid: np.ndarray, changed: np.ndarray, *,
+                  keep_penalty: float, keep_penalty_mode: str, invalid_penalty: float,
+                  keep_consistency_penalty: float) -> np.ndarray:
+    """The per-row shaped rewards, float64 [N] (section 2.2 of the design).
+
+    rewards: float64 [N]; new_segment, valid: bool [N]; turns: int64 [N]; lengths: int64 [N]
+    (each row's trajectory's number of rows); changed: bool [N], the consistency penalty's rows
+    (KEEP is checked here). A KEEP row is `~new_segment`, turn 0 included."""
+    r = rewards.astype(np.float64).copy()
+    keep = ~new_segment
+    if keep_penalty != 0.0:
+        if keep_penalty_mode == "fixed":
+            r += np.where(keep, keep_penalty, 0.0)
+        else:
+            per_row = keep_penalty / np.maximum(lengths, 1)
+            r += np.where(keep & (lengths >= 2), per_row, 0.0)
+    if invalid_penalty != 0.0:
+        r -= invalid_penalty * (~valid)
+    if keep_consistency_penalty != 0.0:
+        r += np.where(keep & (turns >= 1) & changed, keep_consistency_penalty, 0.0)
+    return r
+
+
+def _pad(values: np.ndarray, episode: np.ndarray, turns: np.ndarray, shape: tuple[int, int],
+         fill: Any = 0) -> np.ndarray:
+    """[N] row values scattered into a [E, T] array of `fill`."""
+    out = np.full(shape, fill, dtype=values.dtype)
+    out[episode, turns] = values
+    return out
+
+
+def _scalar(x, what: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {x!r}") from None
+    if not np.isfinite(v):
+        raise ValueError(f"{what} must be finite, got {v}")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point
+
+
+def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_high, v_term, *,
+                   valid=None, subgoal_changed=None, has_subgoal=None, has_switch=None,
+                   gamma=1.0, lam_turn=1.0, lam_seg=0.95, keep_penalty=0.0,
+                   keep_penalty_mode="normalized", invalid_penalty=0.1,
+                   keep_consistency_penalty=0.0, bootstrap_truncated=False,
+                   normalize=True) -> HAEResult:
+    """HiPER's HAE over [N] rows in any order (see the module docstring for what is computed).
+
+    Args:
+      traj_ids: [N] hashables, the row's trajectory. turn_ids: [N] ints, its turn (each
+        trajectory's turns exactly 0..n-1, each once).
+      rewards: [N] env rewards. dones: [N] bools.
+      new_segment: [N] bools, the row's parsed switch (True = SWITCH); turn 0 starts a segment
+        whatever it says.
+      v_low, v_term: [N] critic values. v_high: [N], read (and checked finite) on segment starts
+        only.
+      valid: [N] bools, the action was valid (None = all).
+      subgoal_changed: [N] bools, the row's sub-goal tokens differ from the previous turn's,
+        both turns having a sub-goal span (None = never). Read on KEEP rows of turn >= 1 only;
+        a row with no span, or whose previous turn has none (`has_subgoal`), is never penalized.
+      has_subgoal, has_switch: [N] bools, the row's reply has a sub-goal / switch span (None =
+        all): the high level's tokens (on segment starts) and the termination level's.
+      gamma, lam_turn, lam_seg: discount and the two GAE lambdas.
+      keep_penalty, keep_penalty_mode ("normalized" or "fixed"), invalid_penalty,
+        keep_consistency_penalty: reward shaping. bootstrap_truncated: bootstrap a trajectory's
+        last segment when its last turn is not done.
+      normalize: normalize each level's advantages (the authors' `norm_adv`).
+    Returns:
+      HAEResult of [N] arrays in the rows' order.
+    Raises:
+      ValueError on mismatched lengths, bad turn ids, duplicated (trajectory, turn) rows,
+      non-finite values, an unknown keep_penalty_mode.
+    """
+    if keep_penalty_mode not in KEEP_PENALTY_MODES:
+        raise ValueError(f"keep_penalty_mode must be one of {KEEP_PENALTY_MODES}, got "
+                         f"{keep_penalty_mode!r}")
+    gamma, lam_turn, lam_seg = (_scalar(gamma, "gamma"), _scalar(lam_turn, "lam_turn"),
+                                _scalar(lam_seg, "lam_seg"))
+    keep_penalty = _scalar(keep_penalty, "keep_penalty")
+    invalid_penalty = _scalar(invalid_penalty, "invalid_penalty")
+    keep_consistency_penalty = _scalar(keep_consistency_penalty, "keep_consistency_penalty")
+
+    turns = _turns(turn_ids)
+    n = turns.shape[0]
+    episode, lengths = episode_layout(traj_ids, turns)
+    new_segment = _flags(new_segment, n, "new_segment", False)
+    boundary = new_segment | (turns == 0)
+    dones = _flags(dones, n, "dones", False)
+    valid = _flags(valid, n, "valid", True)
+    changed = _flags(subgoal_changed, n, "subgoal_changed", False)
+    has_subgoal = _flags(has_subgoal, n, "has_subgoal", True)
+    has_switch = _flags(has_switch, n, "has_switch", True)
+    env_rewards = _floats(rewards, n, "rewards")
+    v_low = _floats(v_low, n, "v_low")
+    v_term = _floats(v_term, n, "v_term")
+    v_high = _floats(v_high, n, "v_high (on segment starts)", rows=boundary)
+
+    num_episodes = lengths.shape[0]
+    shape = (bucket(num_episodes, MIN_EPISODES), bucket(int(lengths.max(initial=1)), MIN_TURNS))
+    # the previous turn's has_subgoal (the consistency penalty needs both spans)
+    prev_has = _pad(has_subgoal, episode, turns, shape, False)
+    prev_has = np.concatenate([np.zeros((shape[0], 1), bool), prev_has[:, :-1]], axis=1)
+    changed = changed & has_subgoal & prev_has[episode, turns]
+    shaped = shape_rewards(env_rewards, new_segment, turns, lengths[episode], valid, changed,
+                           keep_penalty=keep_penalty, keep_penalty_mode=keep_penalty_mode,
+                           invalid_penalty=invalid_penalty,
+                           keep_consistency_penalty=keep_consistency_penalty)
+
+    def pad(x, fill=0):
+        return _pad(x, episode, turns, shape, fill)
+
+    f32 = np.float32
+    out = hae_device(pad(shaped.astype(f32)), pad(dones, False), pad(boundary, False),
+                     pad(np.ones(n, bool), False), pad(v_low.astype(f32)),
+                     pad(v_high.astype(f32)), pad(v_term.astype(f32)),
+                     pad(np.ones(n, bool), False), pad(boundary & has_subgoal, False),
+                     pad(has_switch, False), f32(gamma), f32(lam_turn), f32(lam_seg),
+                     np.bool_(bootstrap_truncated), np.bool_(normalize))
+    rows = {k: np.asarray(v)[episode, turns] for k, v in out.items()}
+    return HAEResult(
+        low=rows["low_norm"], high=rows["high_norm"], term=rows["term_norm"],
+        low_return=rows["low_return"], high_return=rows["high_return"],
+        term_return=rows["term_return"],
+        low_raw=rows["low"], high_raw=rows["high"], term_raw=rows["term"],
+        rewards=shaped.astype(f32), has_high=boundary, segment_end=rows["segment_end"],
+        low_mask=np.ones(n, bool), high_mask=boundary & has_subgoal, term_mask=has_switch)
