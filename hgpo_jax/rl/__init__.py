@@ -1,5 +1,5 @@
-"""RL core: hierarchical grouping (host), advantage estimators and the PPO-KL loss (device), and
-the bias-against-the-oracle diagnostic.
+"""RL core: hierarchical grouping (host), advantage estimators and the PPO-KL loss (device), the
+bias-against-the-oracle diagnostic, and HiPER's hierarchical advantage estimation (`hae`).
 
 See docs/advantages.md.
 """
@@ -29,6 +29,7 @@ from hgpo_jax.rl.grouping import (
     hierarchy_stats,
     prepare_batch,
 )
+from hgpo_jax.rl.hae import HAEResult, hae_advantages
 from hgpo_jax.rl.loss import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, ppo_kl_loss_jit
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "PENALTY_PLACEMENTS",
     "STATS",
     "GroupIndex",
+    "HAEResult",
     "StepBatch",
     "build_row_task_groups",
     "build_step_groups",
@@ -52,6 +54,7 @@ __all__ = [
     "entropy_from_logits",
     "episode_returns",
     "full_history_ids",
+    "hae_advantages",
     "hierarchy_stats",
     "oracle_advantages",
     "oracle_deviation",

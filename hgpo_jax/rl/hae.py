@@ -123,10 +123,20 @@ def hae_scan(rewards, dones, boundary, real, v_low, v_high, v_term, gamma, lam_t
     Returns:
       dict of [E, T]: low, low_return, high, high_return (0 off boundaries), term, term_return
       (float32; 0 on padding) and segment_end (bool).
+
+    The scan runs from the last turn to the first; its carry, [E] each, describes turn t + 1 and
+    what follows it: next_starts (turn t + 1 starts a segment or does not exist, so turn t ends
+    one), has_next / vh_next (a later segment exists / VH of the nearest later start), a_low /
+    vl_next (turn t + 1's low advantage and VL), boot / nd_end (the current segment's bootstrap
+    value, 0 when done, and 1 - done at its end), seg_ret / disc (sum_j gamma^j r over turns
+    t + 1 .. end, and gamma^(end - t)), g (turn t + 1's termination return), a_high_next (the
+    high advantage of the nearest later segment). Padded turns leave the carry as it is. VH of
+    each turn's own segment start (the truncated bootstrap of the high and termination levels,
+    unknown when the scan reaches the segment's end) comes from a running maximum of the start
+    turns before the scan.
     """
     f32 = jnp.float32
     num_episodes, _ = rewards.shape
-    # VH of each turn's own segment start (the truncated bootstrap of the high/term levels)
     t_idx = jnp.broadcast_to(jnp.arange(rewards.shape[1])[None, :], rewards.shape)
     start_idx = jax.lax.cummax(jnp.where(boundary, t_idx, 0), axis=1)
     vh_own = jnp.take_along_axis(v_high, start_idx, axis=1)
@@ -213,13 +223,25 @@ def hae_device(rewards, dones, boundary, real, v_low, v_high, v_term, low_mask, 
 # Host: validation, reward shaping, padding
 
 
+def _numeric(x, n: int, what: str) -> np.ndarray:
+    """x as a 1-D array of length n; an object array (as verl's non-tensor batches hold) is
+    converted to numbers when it can be."""
+    a = np.asarray(x)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
+    if a.dtype == object:
+        try:
+            a = np.array(a.tolist())
+        except (TypeError, ValueError):
+            pass
+    return a
+
+
 def _flags(x, n: int, what: str, default: bool) -> np.ndarray:
     """bool [n] from booleans or 0/1 numbers; `default` everywhere when x is None."""
     if x is None:
         return np.full(n, default, bool)
-    a = np.asarray(x)
-    if a.ndim != 1 or a.shape[0] != n:
-        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
+    a = _numeric(x, n, what)
     if a.dtype == bool:
         return a
     if n and not (np.issubdtype(a.dtype, np.number) and np.all((a == 0) | (a == 1))):
@@ -229,9 +251,7 @@ def _flags(x, n: int, what: str, default: bool) -> np.ndarray:
 
 def _floats(x, n: int, what: str, rows: np.ndarray | None = None) -> np.ndarray:
     """float64 [n], checked finite (only on `rows` when given; the other rows become 0)."""
-    a = np.asarray(x)
-    if a.ndim != 1 or a.shape[0] != n:
-        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
+    a = _numeric(x, n, what)
     if n and not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
         raise ValueError(f"{what} must be numbers, got dtype {a.dtype}")
     a = a.astype(np.float64)
@@ -250,6 +270,7 @@ def _turns(turn_ids) -> np.ndarray:
     if a.ndim != 1:
         raise ValueError(f"turn_ids must be 1-D, got shape {a.shape}")
     n = a.shape[0]
+    a = _numeric(a, n, "turn_ids")
     if n and not np.issubdtype(a.dtype, np.integer):
         if not (np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a))
                 and np.all(a == np.round(a))):
