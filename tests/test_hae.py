@@ -1,5 +1,5 @@
 """HiPER's hierarchical advantage estimation (`hgpo_jax.rl.hae`): the worked example of the design
-(/work/shared/design/hiper.md section 2.11), numbers of the authors' own function on random
+(shared/design/hiper.md section 2.11), numbers of the authors' own function on random
 batches, the quirks reproduced, a plain loop reference of sections 2.2-2.7 on random batches, row
 order, compilation buckets and input errors."""
 

@@ -1,6 +1,6 @@
 """HiPER's Hierarchical Advantage Estimation (HAE): three advantages per turn of a plan-execute
 agent, as the authors' `compute_hae_advantage` computes them (JonP07/HiPER-agent at 9d3c118,
-`hiper_hae/core_hae.py`; the specification is /work/shared/design/hiper.md section 2).
+`hiper_hae/core_hae.py`; the specification is the design notes, shared/design/hiper.md section 2).
 
 Each row is one turn t of a trajectory (an episode), with the env reward r_t, the parsed switch
 (`new_segment`: True = SWITCH, a new sub-goal) and three critic values read at that turn: VL_t
