@@ -4,13 +4,16 @@ next prompt, the env's switch label, valid), the authors' `*_projection_options`
 Tags are found with `str.find` (the first occurrence); the action is read from the lower-cased
 reply, the switch and the sub-goal from the reply as written (their tags are case-sensitive).
 
-| reply | action | sub-goal | switch | valid |
-|---|---|---|---|---|
-| no "<action>" or no "</action>" | the lower-cased reply's last 30 characters (WebShop 20); nothing else is read | "" | "" | no |
-| action read, no "<switch>" or no "</switch>" | the stripped text between the two action tags | ALFWorld: the action's last 30 characters; WebShop: "None" | "" | no |
-| action read, switch text (stripped, upper-cased) neither SWITCH nor KEEP | the same | "" | ALFWorld "", WebShop "KEEP" | no |
-| action and switch read, no "<subgoal>" or no "</subgoal>" | the same | "" | SWITCH / KEEP | no |
-| all three read | the same | the stripped sub-goal text, case kept | SWITCH / KEEP | yes |
+Row by row (reply -> action; sub-goal; switch; valid):
+- no "<action>" or no "</action>" -> the lower-cased reply's last 30 characters (WebShop 20);
+  ""; ""; invalid. Nothing else is read.
+- otherwise the action is the stripped text between the two action tags, and:
+  - no "<switch>" or no "</switch>" -> sub-goal: ALFWorld the action's last 30 characters,
+    WebShop "None"; switch ""; invalid;
+  - the switch text, stripped and upper-cased, neither SWITCH nor KEEP -> sub-goal ""; switch:
+    ALFWorld "", WebShop "KEEP"; invalid;
+  - switch read, no "<subgoal>" or no "</subgoal>" -> sub-goal ""; switch SWITCH / KEEP; invalid;
+  - all three read -> the stripped sub-goal text (case kept); SWITCH / KEEP; valid.
 
 A reply whose action was read is also invalid when it holds a CJK character (U+4E00..U+9FFF).
 A closing tag before its opening tag still counts as found: the text between is then empty

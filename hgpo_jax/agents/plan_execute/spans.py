@@ -60,7 +60,7 @@ class ReplySpans:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Block:
+class TagBlock:
     """A tag block's characters: the open tag's "<", the content's start and end, the close
     tag's end."""
 
@@ -70,7 +70,7 @@ class _Block:
     end: int
 
 
-def find_block(text: str, tag: str, closes: Sequence[str]) -> _Block | None:
+def find_block(text: str, tag: str, closes: Sequence[str]) -> TagBlock | None:
     """The block `<tag>...` of `text` closed by the earliest of `closes` (ties: the earlier in
     `closes`), searched after the first open tag; None when the open or every close is missing."""
     open_tag = f"<{tag}>"
@@ -85,7 +85,7 @@ def find_block(text: str, tag: str, closes: Sequence[str]) -> _Block | None:
             best = (at, len(close))
     if best is None:
         return None
-    return _Block(start, content_start, best[0], best[0] + best[1])
+    return TagBlock(start, content_start, best[0], best[0] + best[1])
 
 
 def _first_start_at_or_after(starts: Sequence[int], char: int) -> int:
@@ -94,7 +94,7 @@ def _first_start_at_or_after(starts: Sequence[int], char: int) -> int:
 
 
 def _token_span(starts: Sequence[int], ends: Sequence[int],
-                block: _Block | None) -> tuple[int, int] | None:
+                block: TagBlock | None) -> tuple[int, int] | None:
     """[first, stop) of the tokens overlapping the block's characters [start, end), straddlers
     included; None when there is no block or no such token."""
     if block is None or block.start >= block.end:
@@ -111,7 +111,7 @@ def _mask(n: int, span: tuple[int, int] | None) -> tuple[bool, ...]:
     return tuple(span is not None and span[0] <= i < span[1] for i in range(n))
 
 
-def _token_after(starts: Sequence[int], block: _Block | None) -> int | None:
+def _token_after(starts: Sequence[int], block: TagBlock | None) -> int | None:
     """The first token starting at or after the block's end, None when there is no block or no
     such token."""
     if block is None:
