@@ -9,7 +9,8 @@
 An env keeps observations, admissible actions, rewards and its scripted policies; an agent owns
 the prompt template, the reply parsing (what is sent to the env, what is carried to the next
 prompt, whether the reply is valid), the memory of past turns and the reply an SFT sample teaches
-(`base.py`). Agents by name: `registry.py`; the authors' think/action format: `verl_agent/`.
+(`base.py`). Agents by name: `registry.py`; the authors' think/action format: `verl_agent/`;
+HiPER's switch/sub-goal/action format: `plan_execute/`.
 docs/agents.md tells how to add one.
 """
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 from hgpo_jax.agents.base import Agent
 from hgpo_jax.declared import gather, lookup
 
-PROVIDERS = ("hgpo_jax.agents.verl_agent",)
+PROVIDERS = ("hgpo_jax.agents.verl_agent", "hgpo_jax.agents.plan_execute")
 DEFAULT_AGENT = "verl-agent"
 
 
