@@ -132,7 +132,7 @@ class AgentConfig(Options):
     """The agent: prompt template, reply format and memory (docs/agents.md); its reply -> action
     rules are `env.projection` (the key the authors' runs and every existing config use)."""
 
-    name: str = "verl-agent"  # reply format: verl-agent (think/action, the authors')
+    name: str = "verl-agent"  # reply format: verl-agent (think/action, the authors') | plan-execute (HiPER's switch/subgoal/action)
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("name", self.name, allowed_values()["agent"])

@@ -31,7 +31,7 @@ WEBSHOP_TAIL = (
 
 # ------------------------------------------------------------------------------------ registry
 def test_registry_names_and_errors():
-    assert agent_names() == ("verl-agent",) and DEFAULT_AGENT == "verl-agent"
+    assert agent_names() == ("verl-agent", "plan-execute") and DEFAULT_AGENT == "verl-agent"
     assert projection_names() == projection_names("verl-agent") == ("verl-agent", "strict")
     for env in env_names():  # the verl-agent agent has a prompt for every registered env
         agent = get_agent("verl-agent", env)
