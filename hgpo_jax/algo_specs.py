@@ -72,6 +72,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec("ppo", "critic", "a value model and GAE (verl-agent's PPO baseline)",
                   critic_heads=1, token_advantages=True, singleton_groups=True,
                   sections=("critic",)),
+    AlgorithmSpec("hiper", "hiper", "plan-execute replies trained with hierarchical advantage "
+                  "estimation and a three-head critic (HiPER)", critic_heads=3,
+                  token_advantages=True, singleton_groups=True, agent="plan-execute",
+                  sections=("critic",)),
 )}
 GROUP_ESTIMATORS = tuple(n for n, s in ALGORITHMS.items() if s.family == "group")
 
@@ -172,6 +176,30 @@ class GAEOptions(ReturnOptions):
         p.in_range("lam", self.lam, 0, 1, "in [0, 1]")
 
 
+KEEP_PENALTY_MODES = ("normalized", "fixed")  # HiPER's keep penalty per KEEP turn: p / turns | p
+
+
+@dataclass
+class HAEOptions(ReturnOptions):
+    """HiPER's hierarchical advantage estimation (docs/hiper.md; the authors' `algorithm.hae.*`).
+    Its turn-level lambda is `lam` (GAEOptions), its discount `gamma`, its invalid-reply penalty
+    `invalid_penalty`; the defaults of these fields are the other families' (a HiPER preset sets
+    the authors' gamma = lam = 1)."""
+
+    lam_seg: float = 0.95  # hiper: GAE lambda over sub-goal segments (the SMDP level)
+    keep_penalty: float = 0.0  # hiper: reward added on KEEP turns (the authors' runs: -0.3 ALFWorld, -3.5 WebShop)
+    keep_penalty_mode: str = "normalized"  # hiper: normalized (keep_penalty / turns of the episode) | fixed
+    keep_consistency_penalty: float = 0.0  # hiper: reward added on a KEEP turn whose sub-goal changed (the runs: -0.3)
+    bootstrap_truncated: bool = False  # hiper: bootstrap an episode cut by the step limit from its values
+    norm_adv: bool = True  # hiper: normalize each level's advantages over the turns that carry it
+
+    def _own_problems(self, p: Problems) -> None:
+        p.in_range("lam_seg", self.lam_seg, 0, 1, "in [0, 1]")
+        p.finite("keep_penalty", self.keep_penalty)
+        p.one_of("keep_penalty_mode", self.keep_penalty_mode, KEEP_PENALTY_MODES)
+        p.finite("keep_consistency_penalty", self.keep_consistency_penalty)
+
+
 @dataclass
 class LossOptions(Options):
     """The policy's PPO-KL loss (every family)."""
@@ -224,7 +252,7 @@ class CriticOptions(Options):
 
 # The options of the config's `algo` section, every family's (`hgpo_jax.config.AlgoConfig` takes
 # them all as bases, so each is a flat `algo.<key>`); a new family's options class goes here.
-ALGO_OPTIONS = (LossOptions, GroupOptions, GAEOptions)
+ALGO_OPTIONS = (LossOptions, HAEOptions, GroupOptions, GAEOptions)
 
 
 def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,

@@ -20,7 +20,7 @@ from hgpo_jax.rl.rollout import RolloutBatch
 
 # ------------------------------------------------------------------------------------- declarations
 def test_the_declarations_say_what_each_algorithm_needs():
-    assert algo_specs.algorithm_names() == ("grpo", "rloo", "gigpo", "hgpo", "ppo")
+    assert algo_specs.algorithm_names() == ("grpo", "rloo", "gigpo", "hgpo", "ppo", "hiper")
     assert algo_specs.GROUP_ESTIMATORS == ("grpo", "rloo", "gigpo", "hgpo")
     for name in algo_specs.GROUP_ESTIMATORS:
         spec = algorithm_spec(name)
@@ -29,6 +29,9 @@ def test_the_declarations_say_what_each_algorithm_needs():
     ppo = algorithm_spec("ppo")
     assert (ppo.family, ppo.critic_heads, ppo.token_advantages, ppo.singleton_groups,
             ppo.sections) == ("critic", 1, True, True, ("critic",))
+    hiper = algorithm_spec("hiper")
+    assert (hiper.family, hiper.critic_heads, hiper.token_advantages, hiper.agent) == (
+        "hiper", 3, True, "plan-execute")
     with pytest.raises(ValueError, match="unknown algorithm 'hgp'.*Did you mean 'hgpo'"):
         algorithm_spec("hgp")
     # every declared family has its unit

@@ -71,7 +71,7 @@ def test_allowed_values_come_from_the_consumers():
 
     v = allowed_values()
     assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"]) == (
-        (*ESTIMATORS, ESTIMATOR), MODES, KL_TYPES, AGGS)
+        (*ESTIMATORS, ESTIMATOR, "hiper"), MODES, KL_TYPES, AGGS)
     assert set(v["env"]) == {"alfworld", "toy", "toy-history", "webshop"}  # the env registry
     assert (_env_splits("alfworld"), _env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
     assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (

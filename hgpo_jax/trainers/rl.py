@@ -138,16 +138,19 @@ def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
     """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
     [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
     their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
-    whose output columns are not token positions (the critic's values). arrays: `TokenRows` (or
+    whose output columns are not token positions (the critic's values; [S, width, H] with H
+    heads). arrays: `TokenRows` (or
     a dict holding their arrays)."""
     me = jax.process_index()
     tokens = as_token_rows(arrays)
     S, L = tokens.input_ids.shape
-    out = np.zeros((S, width or L), np.float32)
+    out = None
     for micro in budget_plan(tokens.attention_mask.sum(1), budget, ladder, shards):
         rows = micro.rows[me]
         part = on_mesh(take_micro(tokens, rows, micro.length), mesh)
         res = dist.local_rows(fn(params, part.input_ids, part.attention_mask, part.response_mask), mesh)
+        if out is None:  # [S, L] or [S, width], with any trailing axes of fn's (a critic's heads)
+            out = np.zeros((S, width or L) + res.shape[2:], np.float32)
         keep = rows >= 0
         out[rows[keep], :res.shape[1]] = res[keep]
     return out

@@ -19,8 +19,9 @@ from hgpo_jax.rl.algorithms.base import (Advantages, Algorithm, LinkedTurns, Ste
                                          loss_config, scoring_temperature)
 from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
 from hgpo_jax.rl.algorithms.group import GroupAlgorithm, diagnostic_metrics
+from hgpo_jax.rl.algorithms.hiper import HiperAlgorithm
 
-FAMILIES = {"group": GroupAlgorithm, "critic": CriticAlgorithm}
+FAMILIES = {"group": GroupAlgorithm, "critic": CriticAlgorithm, "hiper": HiperAlgorithm}
 
 
 def build_algorithm(cfg, mesh=None, num_micro: int = 1, tokenizer=None) -> Algorithm:
@@ -30,6 +31,6 @@ def build_algorithm(cfg, mesh=None, num_micro: int = 1, tokenizer=None) -> Algor
     return FAMILIES[spec.family](cfg, spec, mesh, num_micro, tokenizer)
 
 
-__all__ = ["Advantages", "Algorithm", "CriticAlgorithm", "FAMILIES", "GroupAlgorithm",
+__all__ = ["Advantages", "Algorithm", "CriticAlgorithm", "FAMILIES", "GroupAlgorithm", "HiperAlgorithm",
            "LinkedTurns", "StepRows", "build_algorithm", "diagnostic_metrics", "loss_config",
            "scoring_temperature"]

@@ -113,7 +113,8 @@ class Advantages:
     each real row's advantage (its token mean per token), for the statistics; row_means:
     statistics averaged over the rows (of every process); metrics: metrics global already;
     loss_mask: float32 [S, L], the tokens the policy's loss covers, a subset of the response
-    tokens (None: all of them)."""
+    tokens (None: all of them); value_mask: where each head's target is ([S, W] or [S, W, H];
+    None: the critic's own rule)."""
 
     advantages: np.ndarray
     row_adv: np.ndarray
@@ -122,6 +123,7 @@ class Advantages:
     values: np.ndarray | None = None
     returns: np.ndarray | None = None
     loss_mask: np.ndarray | None = None
+    value_mask: np.ndarray | None = None
 
 
 def scoring_temperature(rollout) -> float:

@@ -1,0 +1,177 @@
+"""HiPER (`algo.estimator: hiper`, docs/hiper.md): plan-execute replies (the `plan-execute` agent,
+`<switch>`, `<subgoal>`, `<action>` blocks) trained with hierarchical advantage estimation
+(`rl.hae.hae_advantages`) and a critic of three value heads (low, high, termination).
+
+Per iteration, on this process's rows (whole episodes: groups never span processes):
+1. each reply's tokens are decoded one at a time and parsed into its blocks
+   (`agents.plan_execute.reply_spans`: the tag-inclusive token masks, the switch decision, the
+   low head's read position);
+2. the critic's values before the update, [S, W, 3]; per turn VL = the low head at its read
+   position, VH and VT = the high and termination heads at the reply's first position (the value
+   of the token before it: the prompt's last);
+3. HAE over the rows linked into episodes (`LinkedTurns`: each turn's own env reward, done,
+   validity), with the sub-goal consistency test on the token ids of the sub-goal block;
+4. token advantages A_low on the action block + A_high on the sub-goal block of a segment's
+   first turn + A_term on the switch block, summed; the policy's loss covers those tokens only
+   (`Advantages.loss_mask`: the end-of-turn token and text outside the blocks get no gradient);
+5. the critic's targets: one per turn per head, at the position its value was read
+   (`HiperCriticRows.value_mask`), the sum of the three clipped value losses.
+
+Padding rows are inert and added after HAE (never duplicated real rows, as the authors' batch
+padding does). In a multi-process run each process normalizes the levels over its own rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+from hgpo_jax.agents.plan_execute import ReplySpans, reply_spans
+from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StepRows
+from hgpo_jax.rl.batching import CriticRows, gather_rows, rows_field
+from hgpo_jax.rl.critic import Critic, critic_value_loss, token_values
+from hgpo_jax.rl.hae import hae_advantages
+from hgpo_jax.rl.update import make_update_step, on_mesh
+
+HEADS = ("low", "high", "term")  # the critic's heads, in this order (the authors' channels)
+
+
+@flax.struct.dataclass
+class HiperCriticRows(CriticRows):
+    """The three-head critic's rows: `CriticRows` (values, returns [M, W, 3]) and value_mask
+    [M, W, 3], each head's one target position per turn."""
+
+    value_mask: Any = rows_field(2, heads=True, inert=True)
+
+
+def hiper_critic_loss(clip: float, window: int):
+    """micro_loss(critic, micro: `HiperCriticRows`) -> (loss, metrics): the sum over the heads
+    of each head's clipped value loss at its own positions."""
+    def micro_loss(critic, micro: HiperCriticRows):
+        vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
+                             window)
+        loss, metrics = critic_value_loss(vpred, micro.values, micro.returns, micro.value_mask, clip)
+        return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+    return micro_loss
+
+
+def block_masks(spans: list[ReplySpans], width: int) -> tuple[np.ndarray, ...]:
+    """(action, subgoal, switch) bool [n, width]: each reply's block masks in its response window."""
+    out = tuple(np.zeros((len(spans), width), bool) for _ in range(3))
+    for i, s in enumerate(spans):
+        for mask, part in zip(out, (s.action, s.subgoal, s.switch)):
+            part = np.asarray(part, bool)[:width]
+            mask[i, :len(part)] = part
+    return out
+
+
+def subgoal_changed(traj_id, turn, response_ids, subgoal: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(changed, has_subgoal) bool [n]: whether a row's sub-goal block (its token ids, tags
+    included) differs from the previous turn's of its episode, and whether it has one."""
+    blocks = [tuple(np.asarray(ids)[:subgoal.shape[1]][subgoal[i, :len(ids)]])
+              for i, ids in enumerate(response_ids)]
+    has = np.asarray([len(b) > 0 for b in blocks], bool)
+    at = {(int(t), int(k)): i for i, (t, k) in enumerate(zip(traj_id, turn))}
+    changed = np.zeros(len(blocks), bool)
+    for i, (t, k) in enumerate(zip(traj_id, turn)):
+        prev = at.get((int(t), int(k) - 1))
+        changed[i] = prev is not None and blocks[prev] != blocks[i]
+    return changed, has
+
+
+class HiperAlgorithm(Algorithm):
+    """HiPER's unit: the reply parse, HAE, the token assignment and the three-head critic (its
+    device state is a `rl.critic.CriticState`)."""
+
+    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
+        super().__init__(cfg, spec, mesh, num_micro, tokenizer)
+        self.window = cfg.rollout.max_new_tokens
+        self.critic: Critic | None = None
+        self.critic_step = None
+
+    def init_state(self, policy, seed: int):
+        heads = self.spec.critic_heads
+        self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed,
+                                          num_heads=heads)
+        c = self.critic
+        self.critic_step = make_update_step(
+            c.graphdef, c.tx, hiper_critic_loss(self.cfg.critic.cliprange_value, self.window),
+            self.num_micro, HiperCriticRows.spec(num_heads=heads), self.mesh, c.shardings,
+            c.opt_shardings)
+        return state
+
+    def spans(self, rows: StepRows) -> list[ReplySpans]:
+        """Each real row's reply parsed from its tokens decoded one at a time."""
+        decode = self.tokenizer.decode
+        return [reply_spans([decode([t], skip_special_tokens=False) for t in ids])
+                for ids in rows.batch.response_ids]
+
+    def advantages(self, rows: StepRows, state, rows_pass) -> Advantages:
+        a, W, n = self.cfg.algo, self.window, rows.num_rows
+        S, L = rows.tokens.input_ids.shape
+        values = rows_pass(self.critic.value_fn, state.params, width=W)          # [S, W, 3]
+        spans = self.spans(rows)
+        action, subgoal, switch = block_masks(spans, W)                            # [n, W]
+        lengths = rows.tokens.response_mask[:n].sum(1).astype(np.int64)
+        low_at = np.minimum([s.low_value_index for s in spans], np.maximum(lengths - 1, 0))
+        idx = np.arange(n)
+        turns = rows.turns
+        changed, has_subgoal = subgoal_changed(turns.traj_id[:n], turns.turn[:n],
+                                               rows.batch.response_ids, subgoal)
+        new_segment = np.asarray([s.new_segment for s in spans], bool)
+        hae = hae_advantages(
+            turns.traj_id[:n], turns.turn[:n], turns.reward[:n], turns.done[:n], new_segment,
+            values[idx, low_at, 0], values[:n, 0, 1], values[:n, 0, 2], valid=turns.valid[:n],
+            subgoal_changed=changed, has_subgoal=has_subgoal, has_switch=switch.any(1),
+            gamma=a.gamma, lam_turn=a.lam, lam_seg=a.lam_seg, keep_penalty=a.keep_penalty,
+            keep_penalty_mode=a.keep_penalty_mode, invalid_penalty=a.invalid_penalty,
+            keep_consistency_penalty=a.keep_consistency_penalty,
+            bootstrap_truncated=a.bootstrap_truncated, normalize=a.norm_adv)
+        high = subgoal & hae.has_high[:, None]
+        window_adv = (hae.low[:, None] * action + hae.high[:, None] * high
+                      + hae.term[:, None] * switch).astype(np.float32)             # [n, W]
+        window_loss = action | high | switch
+        advantages, loss_mask = np.zeros((S, L), np.float32), np.zeros((S, L), np.float32)
+        start = np.argmax(rows.tokens.response_mask[:n] > 0, axis=1)
+        for i in range(n):
+            k = min(int(lengths[i]), W)
+            advantages[i, start[i]:start[i] + k] = window_adv[i, :k]
+            loss_mask[i, start[i]:start[i] + k] = window_loss[i, :k]
+        returns, value_mask = np.zeros((S, W, 3), np.float32), np.zeros((S, W, 3), np.float32)
+        real = lengths > 0
+        for head, (pos, target, where) in enumerate((
+                (low_at, hae.low_return, real), (np.zeros(n, np.int64), hae.high_return,
+                                                 real & hae.has_high),
+                (np.zeros(n, np.int64), hae.term_return, real))):
+            returns[idx[where], pos[where], head] = target[where]
+            value_mask[idx[where], pos[where], head] = 1.0
+        tokens = np.maximum(loss_mask[:n].sum(1), 1)
+        row_adv = (advantages[:n] * loss_mask[:n]).sum(1) / tokens
+        keep_later = (~new_segment) & (turns.turn[:n] > 0)
+        row_means = {"hiper/switch_rate": float(new_segment.mean()) if n else 0.0,
+                     "hiper/segments_per_turn": float(hae.has_high.mean()) if n else 0.0,
+                     "hiper/consistency_violation_rate":
+                         float((changed & keep_later).sum() / max(keep_later.sum(), 1)),
+                     "hiper/loss_tokens_per_row": float(loss_mask[:n].sum(1).mean()) if n else 0.0}
+        return Advantages(advantages, row_adv, row_means, {}, values=values, returns=returns,
+                          loss_mask=loss_mask, value_mask=value_mask)
+
+    def update_critic(self, state, rows: StepRows, adv: Advantages, order, mesh):
+        t = rows.tokens
+        critic_rows = HiperCriticRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
+                                      response_mask=t.response_mask, values=adv.values,
+                                      returns=adv.returns, value_mask=adv.value_mask)
+        records = []
+        for idx in order:
+            params, opt_state, m = self.critic_step(state.params, state.opt_state,
+                                                    on_mesh(gather_rows(critic_rows, idx), mesh))
+            state = type(state)(params, opt_state)
+            records.append({"critic/" + k.split("/", 1)[1]: v for k, v in jax.device_get(m).items()
+                            if k != "train/loss"})
+        return state, records
+
+    def updates_policy(self, iteration: int) -> bool:
+        return self.cfg.critic.warmup_iterations <= iteration + 1
