@@ -70,7 +70,8 @@ def block_masks(spans: list[ReplySpans], width: int) -> tuple[np.ndarray, ...]:
 
 def subgoal_changed(traj_id, turn, response_ids, subgoal: np.ndarray) -> tuple[np.ndarray, ...]:
     """(changed, has_subgoal) bool [n]: whether a row's sub-goal block (its token ids, tags
-    included) differs from the previous turn's of its episode, and whether it has one."""
+    included) differs from the previous turn's of its episode, both present (the authors'
+    `keep_consistency_requires_both`), and whether it has one."""
     blocks = [tuple(np.asarray(ids)[:subgoal.shape[1]][subgoal[i, :len(ids)]])
               for i, ids in enumerate(response_ids)]
     has = np.asarray([len(b) > 0 for b in blocks], bool)
@@ -78,7 +79,7 @@ def subgoal_changed(traj_id, turn, response_ids, subgoal: np.ndarray) -> tuple[n
     changed = np.zeros(len(blocks), bool)
     for i, (t, k) in enumerate(zip(traj_id, turn)):
         prev = at.get((int(t), int(k) - 1))
-        changed[i] = prev is not None and blocks[prev] != blocks[i]
+        changed[i] = prev is not None and has[prev] and has[i] and blocks[prev] != blocks[i]
     return changed, has
 
 

@@ -1,0 +1,138 @@
+"""HiPER as an algorithm unit (`hgpo_jax.rl.algorithms.hiper`): its declaration and config
+checks, the token assignment of HAE's three advantages, the three heads' targets, and a run of
+`tiny_cpu_hiper` in the unchanged trainer (saved with a three-head critic)."""
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+from hgpo_jax.config import ConfigError, load_config
+from hgpo_jax.rl.algorithms import HiperAlgorithm, LinkedTurns, StepRows, build_algorithm
+from hgpo_jax.rl.algorithms.hiper import block_masks, subgoal_changed
+from hgpo_jax.rl.batching import pack_rows
+from hgpo_jax.rl.hae import hae_advantages
+from hgpo_jax.rl.rollout import RolloutBatch
+
+
+def test_the_config_takes_hiper_with_its_agent_and_checks_its_options():
+    cfg = load_config("tiny_cpu_hiper")
+    assert (cfg.algo.estimator, cfg.agent.name, cfg.algo.spec.critic_heads) == ("hiper", "plan-execute", 3)
+    assert isinstance(build_algorithm(cfg), HiperAlgorithm)
+    with pytest.raises(ConfigError, match="needs the agent 'plan-execute'.*agent.name=plan-execute"):
+        load_config("tiny_cpu_hiper", ["agent.name=verl-agent"])
+    with pytest.raises(ConfigError, match="algo.keep_penalty_mode='mean' is not allowed"):
+        load_config("tiny_cpu_hiper", ["algo.keep_penalty_mode=mean"])
+    with pytest.raises(ConfigError, match=r"algo.lam_seg=1.5: must be in \[0, 1\]"):
+        load_config("tiny_cpu_hiper", ["algo.lam_seg=1.5"])
+
+
+class CharTokenizer:
+    """One token per character: a reply's pieces are its characters."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+REPLIES = [  # (trajectory, turn, reply, reward, done)
+    (0, 0, "<switch>SWITCH</switch><subgoal>go</subgoal><action>go forward</action>", 0.0, False),
+    (0, 1, "<switch>KEEP</switch><subgoal>go</subgoal><action>open door</action>", 10.0, True),
+    (1, 0, "<switch>KEEP</switch><subgoal>a</subgoal><action>press red</action>", 0.0, False),
+    (1, 1, "<switch>KEEP</switch><subgoal>b</subgoal><action>x</action>", 0.0, False),
+    (1, 2, "no blocks at all", 0.0, True),
+]
+
+
+def hiper_rows(width: int = 96) -> StepRows:
+    n = len(REPLIES)
+    response = [[ord(c) for c in r] for _, _, r, _, _ in REPLIES]
+    batch = RolloutBatch(
+        task_id=np.zeros(n, np.int64), traj_id=np.asarray([r[0] for r in REPLIES]),
+        step_id=np.asarray([r[1] for r in REPLIES]), anchor=["o"] * n, prompt_ids=[[1, 2, 3]] * n,
+        response_ids=response, sample_logp=[[-1.0] * len(x) for x in response],
+        reward=np.asarray([r[3] for r in REPLIES]), valid=np.asarray([True, True, True, True, False]),
+        done=np.asarray([r[4] for r in REPLIES]), won=np.zeros(n, bool), task_type=["t"] * n,
+        episode_traj=np.asarray([0, 1]), episode_won=np.zeros(2, bool), episode_task_type=["t"] * 2,
+        episode_length=np.asarray([2, 3]), num_failed=0, timing={})
+    packed = pack_rows(batch.prompt_ids, batch.response_ids, np.zeros(n, np.float32),
+                       batch.sample_logp, pad_id=0, row_multiple=8, length_multiple=8,
+                       max_response=width)
+    zeros = np.zeros(packed.input_ids.shape, np.float32)
+    return StepRows(batch, packed, zeros, zeros, LinkedTurns.of(batch, packed.shape[0]))
+
+
+def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
+    width = 96
+    cfg = load_config("tiny_cpu_hiper", [f"rollout.max_new_tokens={width}"])
+    unit = build_algorithm(cfg, tokenizer=CharTokenizer())
+    rows = hiper_rows(width)
+    S, L = rows.tokens.input_ids.shape
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(S, width, 3)).astype(np.float32)
+    unit.critic = types.SimpleNamespace(value_fn=None)  # values come from the stub pass below
+    adv = unit.advantages(rows, types.SimpleNamespace(params=None), lambda fn, params, width: values)
+
+    spans = unit.spans(rows)
+    action, subgoal, switch = block_masks(spans, width)
+    n = len(REPLIES)
+    assert [s.new_segment for s in spans] == [True, False, False, False, False]
+    # the low value is read after the sub-goal block; high and termination at the first position
+    low_at = [s.low_value_index for s in spans]
+    assert low_at[0] == len("<switch>SWITCH</switch><subgoal>go</subgoal>") and low_at[4] == 0
+    changed, has_subgoal = subgoal_changed(rows.turns.traj_id[:n], rows.turns.turn[:n],
+                                           rows.batch.response_ids, subgoal)
+    assert changed.tolist() == [False, False, False, True, False]  # b != a; row 4 has no block
+    a = cfg.algo
+    want = hae_advantages(
+        rows.turns.traj_id[:n], rows.turns.turn[:n], rows.turns.reward[:n], rows.turns.done[:n],
+        [s.new_segment for s in spans], values[np.arange(n), low_at, 0], values[:n, 0, 1],
+        values[:n, 0, 2], valid=rows.turns.valid[:n], subgoal_changed=changed,
+        has_subgoal=has_subgoal, has_switch=switch.any(1), gamma=a.gamma, lam_turn=a.lam,
+        lam_seg=a.lam_seg, keep_penalty=a.keep_penalty, keep_penalty_mode=a.keep_penalty_mode,
+        invalid_penalty=a.invalid_penalty, keep_consistency_penalty=a.keep_consistency_penalty,
+        bootstrap_truncated=a.bootstrap_truncated, normalize=a.norm_adv)
+    start = np.argmax(rows.tokens.response_mask > 0, axis=1)
+    for i, (_, _, reply, _, _) in enumerate(REPLIES):
+        window = adv.advantages[i, start[i]:start[i] + len(reply)]
+        loss = adv.loss_mask[i, start[i]:start[i] + len(reply)]
+        high = subgoal[i, :len(reply)] & bool(want.has_high[i])
+        expect = (want.low[i] * action[i, :len(reply)] + want.high[i] * high
+                  + want.term[i] * switch[i, :len(reply)])
+        np.testing.assert_allclose(window, expect, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(loss, action[i, :len(reply)] | high | switch[i, :len(reply)])
+        # nothing outside the reply: the prompt and the padding get no advantage and no loss
+        assert not adv.advantages[i, :start[i]].any() and not adv.loss_mask[i, start[i] + len(reply):].any()
+    # a KEEP turn's sub-goal tokens get no high-level advantage and no loss
+    keep_subgoal = start[1] + np.flatnonzero(subgoal[1])
+    assert not adv.loss_mask[1, keep_subgoal].any()
+    # a reply without blocks: its whole response is the action
+    assert adv.loss_mask[4, start[4]:start[4] + len(REPLIES[4][2])].all()
+    # one target per turn per head at its read position; inert rows none
+    np.testing.assert_array_equal(adv.value_mask[:n, :, 0].sum(1), 1)
+    np.testing.assert_array_equal(adv.value_mask[:n, :, 1].sum(1), want.has_high.astype(float))
+    np.testing.assert_array_equal(adv.value_mask[:n, :, 2].sum(1), 1)
+    assert not adv.value_mask[n:].any()
+    np.testing.assert_allclose(adv.returns[np.arange(n), low_at, 0], want.low_return, rtol=1e-6)
+    np.testing.assert_allclose(adv.returns[:n, 0, 2], want.term_return, rtol=1e-6)
+    assert adv.row_means["hiper/switch_rate"] == pytest.approx(1 / 5)
+    assert adv.row_means["hiper/consistency_violation_rate"] == pytest.approx(1 / 3)
+    # the policy's rows carry the loss mask
+    assert rows.policy_rows(adv).response_mask is adv.loss_mask
+
+
+def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(tmp_path):
+    from hgpo_jax.runs import load_run_critic
+    from hgpo_jax.trainers.rl import Trainer
+
+    run = tmp_path / "run"
+    cfg = load_config("tiny_cpu_hiper", [f"train.run_dir={run}", "env.num_workers=1",
+                                         "train.iterations=1"])
+    with Trainer(cfg, progress=False) as trainer:
+        (metrics,) = trainer.train()
+    for head in range(3):
+        assert np.isfinite(metrics[f"critic/vf_loss/head{head}"])
+    assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
+    assert 0.0 <= metrics["hiper/switch_rate"] <= 1.0
+    critic, _ = load_run_critic(str(run))
+    assert critic.num_heads == 3
