@@ -1,12 +1,14 @@
-"""Models built for an environment: `model.path=build:<env>-<size>` (and `tiny`), resolved to a
-model folder, built once into the cache.
+"""Models built for an environment: `model.path=build:<env>-<size>[@<agent>]` (and `tiny`),
+resolved to a model folder, built once into the cache.
 
     folder = resolve_model_path("build:alfworld-base")   # $HGPO_JAX_CACHE/models/alfworld-base-v1
+    folder = resolve_model_path("build:toy-tiny@plan-execute")  # its text as that agent writes it
 
 A recipe that needs an env and a model together, so it lives above both: the tokenizer
 (`hgpo_jax.models.local.train_tokenizer`) is trained on the env's own text, the (prompt,
 response) turns of the episodes the env records (`EnvSpec.record_episodes`), written by the
-verl-agent agent (`hgpo_jax.agents`), rendered with the chat template (`hgpo_jax.sft.data`):
+verl-agent agent (`hgpo_jax.agents`; or the agent named after "@": its prompts are other text,
+which a tokenizer trained on the verl-agent's would cut into many more tokens), rendered with the chat template (`hgpo_jax.sft.data`):
 toy env: expert and random episodes of its train tasks;
 ALFWorld: expert (walkthrough) episodes of 200 train games played on the real engine; WebShop:
 200 scripted purchases of train goals. The weights are random (`build_model`).
@@ -28,9 +30,9 @@ CORPUS_EPISODES = 200  # expert episodes of the train split whose turns train th
 VOCAB = {"toy": 1024, "alfworld": 4096, "webshop": 4096}
 
 
-def env_corpus(env: str) -> list[str]:
-    """The env's own text: its episodes' turns, as the verl-agent agent writes them, rendered
-    with the chat template (toy: both the 'toy' and the 'toy-history' variant)."""
+def env_corpus(env: str, agent: str | None = None) -> list[str]:
+    """The env's own text: its episodes' turns, as `agent` (default: the verl-agent agent) writes
+    them, rendered with the chat template (toy: both the 'toy' and the 'toy-history' variant)."""
     from hgpo_jax.agents import DEFAULT_AGENT, get_agent
     from hgpo_jax.envs.registry import get_env
     from hgpo_jax.envs.toy import toy_episodes
@@ -40,25 +42,38 @@ def env_corpus(env: str) -> list[str]:
         episodes = [ep for reveal in (False, True) for ep in
                     toy_episodes(range(300), "expert", reveal=reveal)
                     + toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
-        texts = data.samples_from_episodes(episodes, 4, get_agent(DEFAULT_AGENT, "toy"))
+        texts = data.samples_from_episodes(episodes, 4, get_agent(agent or DEFAULT_AGENT, "toy"))
     elif env in ENVS:  # expert episodes of train tasks, recorded by the env's registry entry
         from hgpo_jax.config import EnvConfig
 
         spec = get_env(env)
         episodes = spec.record_episodes(EnvConfig(name=env), "train", CORPUS_EPISODES, "expert")
-        texts = data.samples_from_episodes(episodes, 2, get_agent(DEFAULT_AGENT, env))
+        texts = data.samples_from_episodes(episodes, 2, get_agent(agent or DEFAULT_AGENT, env))
     else:
         raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
     return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)
 
 
+def build_agent(path: str) -> str | None:
+    """The agent after "@" in 'build:<env>-<size>@<agent>' (None: the default agent's text)."""
+    return path.partition("@")[2] or None
+
+
 def parse_build_spec(path: str) -> tuple[str, str]:
-    """'build:toy-small' -> ('toy', 'small')."""
-    spec = path[len(BUILD_PREFIX):]
+    """'build:toy-small' (or 'build:toy-small@plan-execute') -> ('toy', 'small')."""
+    spec = path[len(BUILD_PREFIX):].partition("@")[0]
     env, _, size = spec.rpartition("-")
     if env not in ENVS or size not in SIZES:
         raise ValueError(f"model.path {path!r}: expected build:<env>-<size> with env in {ENVS} and "
                          f"size in {sorted(SIZES)}, e.g. build:toy-small")
+    agent = build_agent(path)
+    if agent is not None:
+        from hgpo_jax.agents import agent_names
+
+        if agent not in agent_names():
+            raise ValueError(f"model.path {path!r}: no agent {agent!r} to write the tokenizer's "
+                             f"text; use one of {', '.join(agent_names())} after '@' (e.g. "
+                             f"build:{env}-{size}@{agent_names()[-1]})")
     return env, size
 
 
@@ -70,7 +85,7 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
         return folder
     tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tokenizer = train_tokenizer(env_corpus(env), VOCAB[env])
+        tokenizer = train_tokenizer(env_corpus(env, build_agent(path)), VOCAB[env])
         build_model(tmp, tokenizer, size, seed=seed)
         try:
             os.rename(tmp, folder)
@@ -96,7 +111,9 @@ def model_path_folder(path: str) -> str:
         return os.path.join(cache_root(), "tiny-qwen2")
     if path.startswith(BUILD_PREFIX):
         env, size = parse_build_spec(path)
-        return os.path.join(cache_root(), "models", f"{env}-{size}-v{BUILD_VERSION}")
+        agent = build_agent(path)
+        name = f"{env}-{size}" + (f"-{agent}" if agent else "")
+        return os.path.join(cache_root(), "models", f"{name}-v{BUILD_VERSION}")
     return path
 
 

@@ -136,3 +136,18 @@ def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(tmp_pa
     assert 0.0 <= metrics["hiper/switch_rate"] <= 1.0
     critic, _ = load_run_critic(str(run))
     assert critic.num_heads == 3
+
+
+def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
+    from hgpo_jax.build import build_agent, model_path_folder, parse_build_spec
+
+    assert parse_build_spec("build:toy-tiny@plan-execute") == ("toy", "tiny")
+    assert build_agent("build:toy-tiny@plan-execute") == "plan-execute"
+    assert build_agent("build:toy-tiny") is None
+    assert model_path_folder("build:toy-tiny@plan-execute").endswith("toy-tiny-plan-execute-v1")
+    assert model_path_folder("build:toy-tiny").endswith("toy-tiny-v1")  # make run's model as it was
+    with pytest.raises(ValueError, match="no agent 'planner'.*use one of verl-agent, plan-execute"):
+        parse_build_spec("build:toy-tiny@planner")
+    # the toy demo's configs hold together
+    assert load_config("toy_hiper_format").model.path == "build:toy-tiny@plan-execute"
+    assert load_config("toy_hiper").algo.estimator == "hiper"
