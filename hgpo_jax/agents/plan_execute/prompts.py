@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hgpo_jax.agents.base import Turn
-from hgpo_jax.agents.verl_agent.alfworld import ALFWORLD_INTRO, TOY_INTRO, format_memory
+from hgpo_jax.agents.verl_agent.alfworld import (ALFWORLD_INTRO, TOY_INTRO, format_actions,
+                                             format_memory)
 from hgpo_jax.agents.verl_agent.webshop import MAX_PROMPT_CHARS
 from hgpo_jax.envs.webshop.prompts import format_observation
 
@@ -188,7 +189,7 @@ def build_alfworld_prompt(task: str, observation: str, admissible_actions: Seque
     the first turn it is part of ALFWorld's observation); history: every past turn."""
     _check_memory_len(memory_len)
     no_history, with_history = templates
-    actions = "\n ".join(f"'{a}'" for a in admissible_actions if a != "help")
+    actions = format_actions(admissible_actions)
     if not history or memory_len == 0:
         return no_history.format(current_observation=observation, current_subgoal=FIRST_SUBGOAL,
                                  admissible_actions=actions)

@@ -50,6 +50,12 @@ def format_memory(history: Sequence[Turn], memory_len: int) -> tuple[str, int]:
     return text, len(recent)
 
 
+def format_actions(admissible_actions: Sequence[str]) -> str:
+    """The authors' ALFWorld list of admissible actions: each quoted, newline + one space between,
+    'help' left out."""
+    return "\n ".join(f"'{a}'" for a in admissible_actions if a != "help")
+
+
 def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
                  history: Sequence[Turn] = (), memory_len: int = 2, *,
                  intro: str = ALFWORLD_INTRO) -> str:
@@ -62,7 +68,7 @@ def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
     """
     if memory_len < 0:
         raise ValueError(f"memory_len must be >= 0, got {memory_len}")
-    actions = "\n ".join(f"'{a}'" for a in admissible_actions if a != "help")
+    actions = format_actions(admissible_actions)
     if not history or memory_len == 0:
         return TEMPLATE_NO_HISTORY.format(intro=intro, current_observation=observation,
                                           admissible_actions=actions)
