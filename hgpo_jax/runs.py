@@ -271,9 +271,10 @@ def load_run_critic(run_dir: str, progress: bool = False):
 
     cfg = load_config(run_dir)
     if not cfg.algo.spec.has_critic:
-        with_critic = ", ".join(n for n, spec in ALGORITHMS.items() if spec.has_critic)
+        first, *more = [n for n, spec in ALGORITHMS.items() if spec.has_critic]
+        also = f" (and a {', '.join(more)} run)" if more else ""
         raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
-                         f"{with_critic} run has a critic")
+                         f"{first} run has a critic{also}")
     policy, tokenizer, _ = load_model(run_dir, progress=progress)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
