@@ -500,12 +500,9 @@ def _coerce_float(key: str, value: Any) -> float:
     return out
 
 
-_suggest = suggest  # the closest valid name, for the messages below
-
-
 def _unknown_key(key: str, valid: Sequence[str], prefix: str, where: str) -> ConfigError:
     full = f"{prefix}{key}"
-    return ConfigError(f"{where}unknown config key {full!r}.{_suggest(str(key), valid, prefix)} "
+    return ConfigError(f"{where}unknown config key {full!r}.{suggest(str(key), valid, prefix)} "
                        f"Valid keys{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(valid)}")
 
 
@@ -607,7 +604,7 @@ def resolve_config_path(source: str, relative_to: str | None = None) -> str:
         if os.path.isfile(c):
             return os.path.abspath(c)
     names = available_configs()
-    hint = _suggest(source, names) if not looks_like_path else ""
+    hint = suggest(source, names) if not looks_like_path else ""
     raise ConfigError(f"config {source!r} not found (looked at {', '.join(candidates)}).{hint} "
                       f"Give a YAML path or one of: {', '.join(names) or '(none shipped)'}")
 

@@ -81,8 +81,11 @@ class TokenRows:
     response_mask: Any = rows_field(2, inert=True)
 
     @classmethod
-    def of(cls: type[Rows], arrays: Mapping[str, Any]) -> Rows:
-        """The class's fields out of a dict of arrays (optional ones left None when absent)."""
+    def of(cls: type[Rows], arrays: Mapping[str, Any] | TokenRows) -> Rows:
+        """The class's fields out of a dict of arrays, or out of rows of another `TokenRows` class
+        (optional ones left None when absent)."""
+        if isinstance(arrays, TokenRows):
+            arrays = _arrays(arrays)
         return cls(**{f.name: arrays[f.name] for f in dataclasses.fields(cls) if f.name in arrays})
 
     @classmethod
@@ -138,21 +141,24 @@ class PolicyRows(TokenRows):
 class CriticRows(TokenRows):
     """The critic update's rows: `TokenRows` and values, returns float32 [M, W] for a critic of
     one head, [M, W, H] for H > 1 (the value model's old predictions and the returns over the
-    response window, per head)."""
+    response window, per head); value_mask, of the same shape, where each head has a target (None:
+    every value position of the window, `rl.critic.window_masks`)."""
 
     values: Any = rows_field(2, heads=True)
     returns: Any = rows_field(2, heads=True)
+    value_mask: Any = rows_field(2, heads=True, optional=True, inert=True)
 
     @classmethod
     def spec(cls, rows: int = 1, length: int = 8, *, window: int | None = None,
              num_heads: int = 1, **kwargs) -> CriticRows:
-        """`TokenRows.spec` with values and returns [rows, window] (window default: `length`),
-        [rows, window, num_heads] when num_heads > 1."""
+        """`TokenRows.spec` with values and returns (and value_mask, when included) [rows,
+        window] (window default: `length`), [rows, window, num_heads] when num_heads > 1."""
         out = super().spec(rows, length, num_heads=num_heads, **kwargs)
         if window is None:
             return out
         values = jax.ShapeDtypeStruct((rows, window) + head_axis(num_heads), out.values.dtype)
-        return out.replace(values=values, returns=values)
+        mask = None if out.value_mask is None else values
+        return out.replace(values=values, returns=values, value_mask=mask)
 
 
 def _arrays(batch: TokenRows) -> dict[str, Any]:

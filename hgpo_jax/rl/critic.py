@@ -174,11 +174,14 @@ def critic_value_loss(vpred, old_values, returns, value_mask, clip: float):
 
 def critic_micro_loss(clip: float, window: int):
     """micro_loss(critic, micro: `CriticRows`) -> (loss, metrics) for `make_update_step`: the
-    critic's `critic_value_loss`, every head over the rows' value mask."""
+    critic's `critic_value_loss` over the window's value positions, or only those of the rows'
+    `value_mask` (each head's own targets) when they carry one."""
     def micro_loss(critic, micro: CriticRows):
         vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
                              window)
-        value_mask = window_masks(micro.response_mask, window)[1]
+        value_mask = window_masks(micro.response_mask, window)[1]                # [S, W]
+        if micro.value_mask is not None:
+            value_mask = head_value_mask(value_mask, vpred.shape) * micro.value_mask
         loss, metrics = critic_value_loss(vpred, micro.values, micro.returns, value_mask, clip)
         return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
     return micro_loss
@@ -220,13 +223,15 @@ def make_gae_fn(window: int, gamma: float, lam: float, mesh: Mesh | None = None)
 
 def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
                      mesh: Mesh | None = None, shardings=None, opt_shardings=None,
-                     num_heads: int = 1):
+                     num_heads: int = 1, value_masks: bool = False):
     """jit(critic params, opt_state, mb) -> (params, opt_state, metrics): one critic update on a
     mini-batch (`CriticRows`, values and returns [M, W], or [M, W, H] for num_heads=H > 1),
     micro-batch token-means averaged (as verl's accumulation); metrics `train/vf_loss`,
-    `train/vf_clipfrac`, ... (`critic_value_loss`) are renamed `critic/...` by the caller."""
-    return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro,
-                            CriticRows.spec(num_heads=num_heads), mesh, shardings, opt_shardings)
+    `train/vf_clipfrac`, ... (`critic_value_loss`) are renamed `critic/...` by the caller.
+    value_masks: the mini-batches carry `CriticRows.value_mask`."""
+    spec = CriticRows.spec(num_heads=num_heads, include=("value_mask",) if value_masks else ())
+    return make_update_step(graphdef, tx, critic_micro_loss(clip, window), num_micro, spec, mesh,
+                            shardings, opt_shardings)
 
 
 # --------------------------------------------------------------------------- the run's critic
@@ -257,7 +262,7 @@ class Critic:
     """
 
     def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int,
-                 num_heads: int = 1):
+                 num_heads: int = 1, value_masks: bool = False):
         c, window = cfg.critic, cfg.rollout.max_new_tokens
         self.graphdef, self.shardings, self.opt_shardings = graphdef, shardings, opt_shardings
         self.num_heads = num_heads
@@ -265,13 +270,14 @@ class Critic:
         self.value_fn = make_value_fn(graphdef, window, mesh, shardings, num_heads)
         self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)  # one head's values
         self.step_fn = make_critic_step(graphdef, self.tx, c.cliprange_value, window, num_micro,
-                                        mesh, shardings, opt_shardings, num_heads)
+                                        mesh, shardings, opt_shardings, num_heads, value_masks)
 
     @classmethod
     def build(cls, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0,
-              num_heads: int = 1) -> tuple[Critic, CriticState]:
+              num_heads: int = 1, value_masks: bool = False) -> tuple[Critic, CriticState]:
         """(the critic's functions, its initial state) from the policy, with `num_heads` value
-        heads (values [S, W] for one, [S, W, H] for H > 1)."""
+        heads (values [S, W] for one, [S, W, H] for H > 1); value_masks: its mini-batches carry
+        each head's target positions (`CriticRows.value_mask`)."""
         from hgpo_jax.models.qwen2 import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
@@ -279,7 +285,8 @@ class Critic:
         shardings = param_shardings(mesh, params)
         params = shard_params(params, mesh)
         opt_state, opt_shardings = init_opt_state(critic_optimizer(cfg), params, mesh)
-        return (cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro, num_heads),
+        return (cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro, num_heads,
+                    value_masks),
                 CriticState(params, opt_state))
 
     def update(self, state: CriticState, mb: CriticRows) -> tuple[CriticState, dict]:

@@ -139,10 +139,9 @@ def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
     [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
     their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
     whose output columns are not token positions (the critic's values; [S, width, H] with H
-    heads). arrays: `TokenRows` (or
-    a dict holding their arrays)."""
+    heads). arrays: `TokenRows` (of any class) or a dict holding their arrays."""
     me = jax.process_index()
-    tokens = as_token_rows(arrays)
+    tokens = TokenRows.of(arrays)
     S, L = tokens.input_ids.shape
     out = None
     for micro in budget_plan(tokens.attention_mask.sum(1), budget, ladder, shards):
@@ -154,14 +153,6 @@ def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
         keep = rows >= 0
         out[rows[keep], :res.shape[1]] = res[keep]
     return out
-
-
-def as_token_rows(arrays) -> TokenRows:
-    """`TokenRows` of a `TokenRows` (or subclass) or of a dict of arrays."""
-    if isinstance(arrays, TokenRows):
-        return TokenRows(input_ids=arrays.input_ids, attention_mask=arrays.attention_mask,
-                         response_mask=arrays.response_mask)
-    return TokenRows.of(arrays)
 
 
 def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, ladder,
@@ -363,7 +354,7 @@ class Trainer(Run):
                            batch.sample_logp, pad_id=self.tokenizer.pad_token_id,
                            row_multiple=row_multiple, length_multiple=t.pad_multiple, shape=shape,
                            max_response=self.cfg.rollout.max_new_tokens)
-        tokens = as_token_rows(packed.arrays())
+        tokens = TokenRows.of(packed.arrays())
         return StepRows(batch, packed, old_logp=self._logprobs(self.state.params, tokens),
                         ref_logp=self._logprobs(self.state.ref_params, tokens),
                         turns=LinkedTurns.of(batch, packed.shape[0]))
@@ -431,7 +422,7 @@ class Trainer(Run):
         if self.budget:
             return self._per_budget_micro_batch(fn, params, arrays, width)
         mb = self.cfg.train.micro_batch_size // self.procs
-        tokens = as_token_rows(arrays)
+        tokens = TokenRows.of(arrays)
         out = []
         for i in range(0, tokens.rows, mb):
             part = on_mesh(jax.tree.map(lambda x: x[i:i + mb], tokens), self.mesh)
@@ -448,7 +439,7 @@ class Trainer(Run):
                              self.cfg.train.pad_multiple)
 
     def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
-        tokens = as_token_rows(arrays)
+        tokens = TokenRows.of(arrays)
         return budget_rows_pass(fn, params, tokens, self.budget,
                                 self._ladder(tokens.input_ids.shape[1]), self.dp // self.procs,
                                 self.mesh, width)

@@ -85,9 +85,7 @@ class StepRows:
         return len(self.batch)
 
     def token_rows(self) -> TokenRows:
-        t = self.tokens
-        return TokenRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
-                         response_mask=t.response_mask)
+        return TokenRows.of(self.tokens.arrays())
 
     def policy_rows(self, adv: Advantages) -> PolicyRows:
         """The policy update's rows with the advantages `adv` gives; its loss covers the response
@@ -102,7 +100,8 @@ class StepRows:
         """The critic update's rows: the values the advantages were computed with and the returns."""
         t = self.tokens
         return CriticRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
-                          response_mask=t.response_mask, values=adv.values, returns=adv.returns)
+                          response_mask=t.response_mask, values=adv.values, returns=adv.returns,
+                          value_mask=adv.value_mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,5 +192,6 @@ class Algorithm:
         return state, []
 
     def updates_policy(self, iteration: int) -> bool:
-        """Whether the policy is updated at 0-based `iteration` (a critic may warm up first)."""
-        return True
+        """Whether the policy is updated at 0-based `iteration`: from iteration
+        `critic.warmup_iterations` on (at least the first) when the algorithm has a critic."""
+        return not self.spec.has_critic or self.cfg.critic.warmup_iterations <= iteration + 1

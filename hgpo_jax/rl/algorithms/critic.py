@@ -20,6 +20,8 @@ class CriticAlgorithm(Algorithm):
     step (the rows of an episode are not linked in verl-agent's PPO baseline); its critic has
     `spec.critic_heads` heads. Its device state is a `rl.critic.CriticState`."""
 
+    value_masks = False  # the advantage stage gives each head's target positions (Advantages.value_mask)
+
     def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
         super().__init__(cfg, spec, mesh, num_micro, tokenizer)
         self.window = cfg.rollout.max_new_tokens
@@ -27,7 +29,8 @@ class CriticAlgorithm(Algorithm):
 
     def init_state(self, policy, seed: int):
         self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed,
-                                          num_heads=self.spec.critic_heads)
+                                          num_heads=self.spec.critic_heads,
+                                          value_masks=self.value_masks)
         return state
 
     def rewards(self, rows: StepRows) -> np.ndarray:
@@ -54,6 +57,3 @@ class CriticAlgorithm(Algorithm):
             state, m = self.critic.update(state, on_mesh(gather_rows(critic_rows, idx), mesh))
             records.append(jax.device_get(m))
         return state, records
-
-    def updates_policy(self, iteration: int) -> bool:
-        return self.cfg.critic.warmup_iterations <= iteration + 1

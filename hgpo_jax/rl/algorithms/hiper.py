@@ -15,7 +15,8 @@ Per iteration, on this process's rows (whole episodes: groups never span process
    first turn + A_term on the switch block, summed; the policy's loss covers those tokens only
    (`Advantages.loss_mask`: the end-of-turn token and text outside the blocks get no gradient);
 5. the critic's targets: one per turn per head, at the position its value was read
-   (`HiperCriticRows.value_mask`), the sum of the three clipped value losses.
+   (`Advantages.value_mask`, carried to `CriticRows.value_mask`), the sum of the three clipped
+   value losses; the critic family's update (`CriticAlgorithm.update_critic`).
 
 Padding rows are inert and added after HAE (never duplicated real rows, as the authors' batch
 padding does). In a multi-process run each process normalizes the levels over its own rows.
@@ -23,40 +24,12 @@ padding does). In a multi-process run each process normalizes the levels over it
 
 from __future__ import annotations
 
-from typing import Any
-
-import flax.struct
-import jax
 import numpy as np
 
 from hgpo_jax.agents.plan_execute import ReplySpans, reply_spans
-from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StepRows
-from hgpo_jax.rl.batching import CriticRows, gather_rows, rows_field
-from hgpo_jax.rl.critic import Critic, critic_value_loss, token_values
+from hgpo_jax.rl.algorithms.base import Advantages, StepRows
+from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
 from hgpo_jax.rl.hae import hae_advantages
-from hgpo_jax.rl.update import make_update_step, on_mesh
-
-HEADS = ("low", "high", "term")  # the critic's heads, in this order (the authors' channels)
-
-
-@flax.struct.dataclass
-class HiperCriticRows(CriticRows):
-    """The three-head critic's rows: `CriticRows` (values, returns [M, W, 3]) and value_mask
-    [M, W, 3], each head's one target position per turn."""
-
-    value_mask: Any = rows_field(2, heads=True, inert=True)
-
-
-def hiper_critic_loss(clip: float, window: int):
-    """micro_loss(critic, micro: `HiperCriticRows`) -> (loss, metrics): the sum over the heads
-    of each head's clipped value loss at its own positions."""
-    def micro_loss(critic, micro: HiperCriticRows):
-        vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
-                             window)
-        loss, metrics = critic_value_loss(vpred, micro.values, micro.returns, micro.value_mask, clip)
-        return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
-    return micro_loss
-
 
 def block_masks(spans: list[ReplySpans], width: int) -> tuple[np.ndarray, ...]:
     """(action, subgoal, switch) bool [n, width]: each reply's block masks in its response window."""
@@ -83,26 +56,12 @@ def subgoal_changed(traj_id, turn, response_ids, subgoal: np.ndarray) -> tuple[n
     return changed, has
 
 
-class HiperAlgorithm(Algorithm):
-    """HiPER's unit: the reply parse, HAE, the token assignment and the three-head critic (its
-    device state is a `rl.critic.CriticState`)."""
+class HiperAlgorithm(CriticAlgorithm):
+    """HiPER's unit: the reply parse, HAE, the token assignment, and the critic family's critic
+    with three heads, each trained at its own target positions (`value_masks`; its device state
+    is a `rl.critic.CriticState`)."""
 
-    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
-        super().__init__(cfg, spec, mesh, num_micro, tokenizer)
-        self.window = cfg.rollout.max_new_tokens
-        self.critic: Critic | None = None
-        self.critic_step = None
-
-    def init_state(self, policy, seed: int):
-        heads = self.spec.critic_heads
-        self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed,
-                                          num_heads=heads)
-        c = self.critic
-        self.critic_step = make_update_step(
-            c.graphdef, c.tx, hiper_critic_loss(self.cfg.critic.cliprange_value, self.window),
-            self.num_micro, HiperCriticRows.spec(num_heads=heads), self.mesh, c.shardings,
-            c.opt_shardings)
-        return state
+    value_masks = True
 
     def spans(self, rows: StepRows) -> list[ReplySpans]:
         """Each real row's reply parsed from its tokens decoded one at a time."""
@@ -159,20 +118,3 @@ class HiperAlgorithm(Algorithm):
                      "hiper/loss_tokens_per_row": float(loss_mask[:n].sum(1).mean()) if n else 0.0}
         return Advantages(advantages, row_adv, row_means, {}, values=values, returns=returns,
                           loss_mask=loss_mask, value_mask=value_mask)
-
-    def update_critic(self, state, rows: StepRows, adv: Advantages, order, mesh):
-        t = rows.tokens
-        critic_rows = HiperCriticRows(input_ids=t.input_ids, attention_mask=t.attention_mask,
-                                      response_mask=t.response_mask, values=adv.values,
-                                      returns=adv.returns, value_mask=adv.value_mask)
-        records = []
-        for idx in order:
-            params, opt_state, m = self.critic_step(state.params, state.opt_state,
-                                                    on_mesh(gather_rows(critic_rows, idx), mesh))
-            state = type(state)(params, opt_state)
-            records.append({"critic/" + k.split("/", 1)[1]: v for k, v in jax.device_get(m).items()
-                            if k != "train/loss"})
-        return state, records
-
-    def updates_policy(self, iteration: int) -> bool:
-        return self.cfg.critic.warmup_iterations <= iteration + 1
