@@ -1,0 +1,244 @@
+"""HiPER vs HGPO (K=2) vs GiGPO on the history-dependent toy env, paired seeds, with success split
+by whether the pressed colour is still inside the prompt's memory window at the junction.
+
+  python experiments/compare_hiper.py --prepare                     # the two warm starts (~5 min)
+  taskset -c 0 python experiments/compare_hiper.py --seeds 0 2 4 &  # one process per core
+  taskset -c 1 python experiments/compare_hiper.py --seeds 1 3
+  python experiments/compare_hiper.py                               # collect (finished runs reused)
+  python experiments/compare_hiper.py --seeds 0 --iterations 4      # a quick look
+
+The task is "toy-history" (hgpo_jax/envs/toy.py): press one of three coloured buttons, walk a
+corridor of 1 + task % 3 steps, open the door of the pressed colour at a junction whose doors are
+listed in a task-dependent order. The colour is named by the press action and by the first
+corridor observation only. With a memory of the last `--memory-len` = 2 turns, the junction prompt
+still holds the colour after a corridor of 1 or 2 steps ("in window") but not after 3 ("beyond
+window"): there only what the agent carried forward can hold it, which for the plan-execute agent
+is its current sub-goal ("open red door") and for the verl-agent agent is nothing.
+
+Equal budget: every method plays 64 episodes per iteration for the same number of iterations from
+a format-only warm start (random admissible actions in the agent's reply format; one warm start per
+agent, shared by all seeds), with held-out success (48 valid_seen tasks, T = 0.4) after every
+iteration. HGPO and GiGPO: 8 tasks x 8 rollouts, toy_hgpo's settings (lr 5e-4). HiPER: 64 tasks x 1
+rollout, toy_hiper's settings (its own lr, the authors' HAE settings, a three-head critic). The seed
+sets the task order and the sampling; each method has its own model build (the tokenizer is trained
+on its agent's text). After the last iteration each run's policy plays all 120 held-out tasks
+(valid_seen and valid_unseen) once at T = 0.4; success there is split in window / beyond window.
+
+Writes OUT/results.json (curves, per-method means with 95% t intervals over seeds, paired
+differences per seed, the in/beyond-window split, wall times, the command) and OUT/success.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for path in (ROOT, os.path.join(ROOT, "experiments")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from compare_estimators import mean_ci, run_seconds  # noqa: E402
+
+from hgpo_jax.config import load_config  # noqa: E402
+from hgpo_jax.metrics import read_metrics  # noqa: E402
+
+# method -> (warm start config, RL config, overrides)
+METHODS = {
+    "hiper": ("toy_hiper_format", "toy_hiper", ["rollout.num_groups=64"]),
+    "hgpo_k2": ("toy_format", "toy_hgpo", ["algo.estimator=hgpo", "algo.K=2", "rollout.num_groups=8"]),
+    "gigpo": ("toy_format", "toy_hgpo", ["algo.estimator=gigpo", "rollout.num_groups=8"]),
+}
+PAIRS = (("hiper", "hgpo_k2"), ("hiper", "gigpo"), ("hgpo_k2", "gigpo"))
+SPLIT = "valid_seen"
+FINAL_SPLITS = ("valid_seen", "valid_unseen")
+
+
+def corridor(task: int) -> int:
+    """The toy env's corridor length of a task (`ToyMemoryEnv.reset`)."""
+    return 1 + int(task) % 3
+
+
+def env_overrides(args) -> list[str]:
+    return [f"env.name={args.env}", f"env.memory_len={args.memory_len}"]
+
+
+def warm_start(args, sft_config: str) -> str:
+    """One format-only warm start per agent (seed 0), shared by every seed."""
+    from hgpo_jax.trainers.sft import SftTrainer
+
+    run_dir = os.path.join(args.out, "runs", sft_config)
+    ckpt = os.path.join(run_dir, "checkpoints")
+    if os.path.isdir(ckpt) and os.listdir(ckpt):
+        return run_dir
+    cfg = load_config(sft_config, [*env_overrides(args), f"train.run_dir={run_dir}"])
+    with SftTrainer(cfg, progress=False) as trainer:
+        trainer.train()
+    return run_dir
+
+
+def run_rl(args, name: str, seed: int) -> list[dict]:
+    from hgpo_jax.trainers.rl import Trainer
+
+    sft_config, rl_config, extra = METHODS[name]
+    run_dir = os.path.join(args.out, "runs", f"{name}-s{seed}")
+    if os.path.isfile(os.path.join(run_dir, "done")):
+        return read_metrics(run_dir)
+    overrides = [f"model.path={os.path.join(args.out, 'runs', sft_config)}", *env_overrides(args),
+                 f"train.seed={seed}", f"train.iterations={args.iterations}",
+                 f"train.run_dir={run_dir}", *extra]
+    cfg = load_config(rl_config, overrides)
+    resume = os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    with Trainer(cfg, resume=resume, progress=False) as trainer:
+        trainer.train()
+    final_eval(run_dir)
+    open(os.path.join(run_dir, "done"), "w").close()
+    return read_metrics(run_dir)
+
+
+def final_eval(run_dir: str) -> None:
+    """Every held-out task once at T = 0.4 with the run's last policy (`hgpo-jax eval`), per
+    episode into RUN/final-<split>.jsonl."""
+    from hgpo_jax.cli import main as cli
+
+    for split in FINAL_SPLITS:
+        path = os.path.join(run_dir, f"final-{split}.jsonl")
+        if not os.path.isfile(path):
+            cli(["eval", run_dir, "eval.protocol=each-once", "--split", split, "--games", "60",
+                 "--episodes", path, "--no-progress"])
+
+
+def window_success(run_dir: str, memory_len: int) -> dict[str, float]:
+    """Final success over the held-out tasks, all / in window / beyond window."""
+    won = {"all": [], "in_window": [], "beyond_window": []}
+    for split in FINAL_SPLITS:
+        with open(os.path.join(run_dir, f"final-{split}.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                e = json.loads(line)
+                side = "in_window" if corridor(e["task"]) <= memory_len else "beyond_window"
+                won["all"].append(float(e["won"]))
+                won[side].append(float(e["won"]))
+    return {k: float(np.mean(v)) for k, v in won.items()}
+
+
+def eval_curve(records: list[dict]) -> list[float]:
+    by_step: dict[int, dict] = {}
+    for r in records:
+        by_step.setdefault(int(r["step"]), {}).update(r)
+    return [by_step[s].get(f"eval/{SPLIT}/all") for s in sorted(by_step)]
+
+
+def summarize(curves: dict, finals: dict, iterations: int) -> dict:
+    """Per method: last-third held-out success and the final in/beyond-window success, mean and
+    95% t interval over seeds; per pair: the same of the per-seed differences."""
+    third = max(1, iterations // 3)
+    last = {m: {s: float(np.mean(c[-third:])) for s, c in by_seed.items()}
+            for m, by_seed in curves.items()}
+    first = {m: {s: float(np.mean(c[:third])) for s, c in by_seed.items()}
+             for m, by_seed in curves.items()}
+    out = {"methods": {}, "pairs": {}}
+    for m in curves:
+        out["methods"][m] = {
+            "first_third": mean_ci(first[m].values()), "last_third": mean_ci(last[m].values()),
+            "last_third_per_seed": last[m],
+            **{f"final_{k}": mean_ci([f[k] for f in finals[m].values()])
+               for k in ("all", "in_window", "beyond_window")},
+            "final_per_seed": finals[m]}
+    for a, b in PAIRS:
+        if a in curves and b in curves:
+            seeds = sorted(set(last[a]) & set(last[b]))
+            out["pairs"][f"{a}-{b}"] = {
+                "seeds": seeds,
+                "last_third": mean_ci([last[a][s] - last[b][s] for s in seeds]),
+                **{f"final_{k}": mean_ci([finals[a][s][k] - finals[b][s][k] for s in seeds])
+                   for k in ("all", "in_window", "beyond_window")}}
+    return out
+
+
+def plot(curves: dict, out: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for m, by_seed in curves.items():
+        n = min(len(c) for c in by_seed.values())
+        stats = [mean_ci([c[i] for c in by_seed.values()]) for i in range(n)]
+        mean = np.asarray([s[0] for s in stats])
+        half = np.nan_to_num(np.asarray([s[1] for s in stats]))
+        x = np.arange(1, n + 1)
+        ax.plot(x, mean, label=f"{m} (n={len(by_seed)})")
+        ax.fill_between(x, mean - half, mean + half, alpha=0.15)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"held-out success ({SPLIT}, T=0.4)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("toy-history, memory 2: mean and 95% interval over seeds")
+    fig.tight_layout()
+    path = os.path.join(out, "success.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def fmt(ci) -> str:
+    return f"{ci[0]:.3f} +/- {ci[1]:.3f}"
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--iterations", type=int, default=15)
+    ap.add_argument("--env", default="toy-history")
+    ap.add_argument("--memory-len", type=int, default=2)
+    ap.add_argument("--prepare", action="store_true", help="only build the warm starts")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "compare_hiper"))
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    timing = {}
+    for sft_config in sorted({METHODS[m][0] for m in args.methods}):
+        timing[sft_config] = run_seconds(read_metrics(warm_start(args, sft_config)))
+    if args.prepare:
+        return {}
+    curves = {m: {} for m in args.methods}
+    finals = {m: {} for m in args.methods}
+    for seed in args.seeds:
+        for m in args.methods:
+            records = run_rl(args, m, seed)
+            run_dir = os.path.join(args.out, "runs", f"{m}-s{seed}")
+            timing[f"{m}-s{seed}"] = run_seconds(records)
+            curves[m][seed] = eval_curve(records)
+            finals[m][seed] = window_success(run_dir, args.memory_len)
+            c = curves[m][seed]
+            print(f"seed {seed} {m:<8} held-out first {c[0]:.3f} last {c[-1]:.3f}, final in window "
+                  f"{finals[m][seed]['in_window']:.3f} beyond {finals[m][seed]['beyond_window']:.3f} "
+                  f"({timing[f'{m}-s{seed}']:.0f} s)", flush=True)
+    summary = summarize(curves, finals, args.iterations)
+    result = {"command": "python experiments/compare_hiper.py " + " ".join(argv or sys.argv[1:]),
+              "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
+              "run_seconds_total": round(sum(timing.values()), 1), "timing": timing,
+              "summary": summary, "curves": {m: {str(s): c for s, c in r.items()} for m, r in curves.items()}}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    path = plot(curves, args.out)
+    for m, s in summary["methods"].items():
+        print(f"{m:<8} last third {fmt(s['last_third'])}  final in window {fmt(s['final_in_window'])}  "
+              f"beyond {fmt(s['final_beyond_window'])}")
+    for pair, s in summary["pairs"].items():
+        print(f"{pair:<14} last third {fmt(s['last_third'])}  in window {fmt(s['final_in_window'])}  "
+              f"beyond {fmt(s['final_beyond_window'])}")
+    print(f"wrote {os.path.join(args.out, 'results.json')} and {path} ({result['wall_seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
