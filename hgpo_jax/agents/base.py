@@ -7,6 +7,8 @@ agent turns one into the other:
     reply = agent.parse(model_reply)            # Reply(action sent to the env, valid, plan carried)
     history.append(agent.remember(observation, reply))                # Turn kept by the memory
     target = agent.scripted_reply(action)       # the reply an SFT sample teaches for `action`
+    fields = agent.describe(model_reply)        # {"action": ..., "valid": ...} for display
+    totals = agent.describe_episode(replies)    # an episode's totals for display ({} by default)
 
 It owns the prompt template, the reply format (what is sent to the env, what is carried to the
 next prompt, whether the reply is well-formed) and what the memory keeps of past turns. It knows
@@ -64,6 +66,20 @@ class Agent(abc.ABC):
         """What the memory keeps of a step: the observation shown, the action sent and the plan
         carried."""
         return Turn(observation, reply.action, reply.plan)
+
+    def describe(self, reply: str) -> dict[str, str]:
+        """A model reply's parse as display fields, name -> text (`hgpo-jax demo --episode`
+        prints them, in order): "action", the text sent to the env, and "valid", "True" or
+        "False". An agent whose format holds more adds its own fields after these (the
+        plan-execute agent: "switch" and "subgoal")."""
+        parsed = self.parse(reply)
+        return {"action": parsed.action, "valid": str(parsed.valid)}
+
+    def describe_episode(self, replies: Sequence[str]) -> dict[str, str]:
+        """An episode's model replies [turns], in order, as display totals, name -> text
+        (`hgpo-jax demo --episode` prints them after the reward): none by default; the
+        plan-execute agent counts its SWITCH turns and segments."""
+        return {}
 
     @abc.abstractmethod
     def scripted_reply(self, action: str) -> str:

@@ -1,6 +1,7 @@
 """Multi-turn rollouts: all envs in lockstep, one batched `generate` per step.
 
     batch = collect_rollouts(policy, env_pool, tasks, group_size=8, max_steps=50, memory_len=2)
+    episode = watch_episode(policy, env, task, max_steps=50, memory_len=2, agent=agent)  # one env
 
 Env i runs task `tasks[i // group_size]`, so each group of `group_size` envs starts from the same
 state. Each step: the agent (`agent=`, hgpo_jax.agents) writes the prompts of the envs still
@@ -13,7 +14,9 @@ turn. Defaults: the verl-agent agent of `spec`'s env (ALFWorld's for no spec) an
 env's entry (`default_spec`). Finished envs cost no generation. An episode whose env failed in
 the pool (timeout, dead worker) is dropped from the returned rows and counted in `batch.num_failed`. A prompt longer than
 the policy's `max_prompt_tokens` loses its start (left truncation): `rollout/truncated_prompt_rate`
-counts such prompts, and the first one in a process warns (`PromptCuts`).
+counts such prompts, and the first one in a process warns (`PromptCuts`). `watch_episode` plays
+the same step on one env object and keeps every turn's observation, reply and parse (what
+`hgpo-jax demo --episode` shows).
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from hgpo_jax.agents import DEFAULT_AGENT, Agent, Turn, get_agent
+from hgpo_jax.agents import DEFAULT_AGENT, Agent, Reply, Turn, get_agent
 from hgpo_jax.agents.registry import agent_spec
 from hgpo_jax.distributed import allgather_json, any_process
 from hgpo_jax.envs.prompts import success_rates
@@ -96,6 +99,14 @@ class Policy:
     prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
     # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
     prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
+
+    @classmethod
+    def of_rollout(cls, model, tokenizer, rollout, temperature: float) -> "Policy":
+        """The policy a config's `rollout` section samples with (its top_p, top_k, max_new_tokens,
+        max_prompt_tokens, prefill_chunk), at `temperature`."""
+        return cls(model, tokenizer, temperature=temperature, top_p=rollout.top_p,
+                   top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
+                   max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
@@ -207,6 +218,19 @@ def summary_metrics(summaries: list[dict]) -> dict[str, float]:
     return out
 
 
+def task_of(info: dict) -> str:
+    """The task text a reset's info gives the prompts of its episode ("" for an env without one)."""
+    return info.get("task", "")
+
+
+def step_prompt(agent: Agent, task: str, observation: str, info: dict, history: Sequence[Turn],
+                memory_len: int) -> str:
+    """One step's prompt text: `agent`'s user message over the episode's task, the current
+    observation, the admissible actions of the env's current `info`, and the memory (`history`,
+    every past turn as `agent.remember` kept it, of which the last `memory_len` are shown)."""
+    return agent.prompt(task, observation, info["admissible_actions"], history, memory_len)
+
+
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
                      memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
                      agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
@@ -247,7 +271,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     infos = [r.info for r in replies]
     failed = [r.failed for r in replies]
     running = [not r.failed for r in replies]
-    task_text = [info.get("task", "") if not f else "" for info, f in zip(infos, failed)]
+    task_text = [task_of(info) if not f else "" for info, f in zip(infos, failed)]
     history: list[list[Turn]] = [[] for _ in range(num_envs)]
     rows: list[dict] = []
     won = [False] * num_envs
@@ -260,9 +284,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         if not any_process(bool(active)):
             break
         t1 = time.perf_counter()
-        prompts = [policy.encode_prompt(agent.prompt(
-            task_text[i], obs[i], infos[i]["admissible_actions"], history[i], memory_len))
-            for i in active]
+        prompts = [policy.encode_prompt(step_prompt(agent, task_text[i], obs[i], infos[i],
+                                                    history[i], memory_len)) for i in active]
         timing["prompts"] += time.perf_counter() - t1
         key, sub = jax.random.split(key)
         t1 = time.perf_counter()
@@ -399,6 +422,79 @@ def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, me
         played += [EpisodeResult(start + i, chunk[i], t, bool(w), float(x), int(steps), bool(d))
                    for i, w, t, x, steps, d in sorted(episodes, key=lambda e: e[0]) if i < real]
     return played, failed
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchedTurn:
+    """One turn of `watch_episode`: the observation the prompt showed, the prompt's tokens (after
+    the cut to the policy's max_prompt_tokens), the model's reply as decoded, the agent's parse of
+    it (`Reply`: the action sent to the env, valid, the plan carried), and the env's answer: the
+    turn's training reward (`EnvSpec.train_reward`) and whether the episode ended."""
+
+    observation: str
+    prompt_tokens: int
+    reply: str
+    parsed: Reply
+    reward: float
+    done: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchedEpisode:
+    """One episode of `watch_episode`: the task text, its turns in order, whether it was won and
+    the env's episode score (None for an env without one, `EnvSpec.score_key`)."""
+
+    task: str
+    turns: tuple[WatchedTurn, ...]
+    won: bool
+    score: float | None = None
+
+    @property
+    def reward(self) -> float:
+        """The turns' training rewards summed."""
+        return float(sum(t.reward for t in self.turns))
+
+
+def watch_episode(policy: Policy, env, task, max_steps: int, memory_len: int = 2, *, rng=0,
+                  spec: EnvSpec | None = None, agent: Agent | None = None,
+                  on_turn: Callable[[int, WatchedTurn], None] | None = None) -> WatchedEpisode:
+    """Play one episode of `task` on one env object (`hgpo_jax.envs.base.Env`, no pool) with
+    `policy`, keeping every turn's observation, reply and parse (`hgpo-jax demo --episode`).
+
+    The rollout's step, one env at a time: `step_prompt` over the task text, the memory of
+    `agent.remember`'s turns and the window `memory_len`; one `generate` per step (rng: int seed
+    or PRNG key, split per step, the env's row id 0, so it samples what `collect_rollouts` of
+    this one task in a pool of one env samples); `agent.parse`'s action sent to the env, valid
+    or not; at most `max_steps` steps. spec, agent: as `collect_rollouts`'. on_turn(t, turn):
+    called after each turn t (0-based) is played, e.g. to print it as the episode goes."""
+    import jax
+
+    agent = default_agent(spec) if agent is None else agent
+    spec = default_spec() if spec is None else spec
+    key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
+    obs, info = env.reset(task)
+    text = task_of(info)
+    history: list[Turn] = []
+    turns: list[WatchedTurn] = []
+    won, score = False, None
+    for _ in range(max_steps):
+        prompt = policy.encode_prompt(step_prompt(agent, text, obs, info, history, memory_len))
+        key, sub = jax.random.split(key)
+        reply = policy.tokenizer.decode(policy.generate([prompt], sub, row_ids=[0]).tokens[0])
+        parsed = agent.parse(reply)
+        next_obs, reward, done, info = env.step(parsed.action)
+        turns.append(WatchedTurn(obs, len(prompt), reply, parsed,
+                                 float(spec.train_reward(reward, info)), bool(done)))
+        if on_turn is not None:
+            on_turn(len(turns) - 1, turns[-1])
+        history.append(agent.remember(obs, parsed))
+        obs = next_obs
+        won = won or bool(info.get("won", False))
+        if spec.score_key is not None:
+            score = float(info.get(spec.score_key, 0.0))
+        if done:
+            break
+    return WatchedEpisode(text, tuple(turns), won, score)
 
 
 def summarize_episodes(episodes: Sequence[EpisodeResult], failed: int = 0,

@@ -5,6 +5,7 @@
     reply = agent.parse("<switch>SWITCH</switch>\\n<subgoal>find the mug</subgoal>\\n"
                         "<action>go to countertop 1</action>")
     # Reply(action="go to countertop 1", valid=True, plan="find the mug")
+    fields = agent.describe(model_text)   # {"action", "valid", "switch", "subgoal"}: for display
     spans = reply_spans(pieces)      # the training-side parse of the reply's decoded tokens
 
 Each reply holds three blocks: <switch>KEEP|SWITCH</switch> (keep the current sub-goal or start
@@ -72,6 +73,20 @@ class PlanExecuteAgent(Agent):
         """`project`'s action and validity; the sub-goal it carries is the plan."""
         action, subgoal, _, valid = project(reply, self.env)
         return Reply(action, valid, plan=subgoal)
+
+    def describe(self, reply: str) -> dict[str, str]:
+        """The default fields, then `project`'s "switch" (SWITCH, KEEP or "" where none was
+        read) and "subgoal" (the sub-goal carried to the next prompt)."""
+        _, subgoal, switch, _ = project(reply, self.env)
+        return {**super().describe(reply), "switch": switch, "subgoal": subgoal}
+
+    def describe_episode(self, replies: Sequence[str]) -> dict[str, str]:
+        """"switch turns", the replies whose `project`ed switch is SWITCH, and "segments", the
+        turns that start one (turn 0 or SWITCH, as HAE cuts them; HAE reads the switch from the
+        reply's tokens, `reply_spans`, which may differ on a malformed switch block)."""
+        switches = [project(reply, self.env)[2] for reply in replies]
+        starts = sum(1 for t, switch in enumerate(switches) if t == 0 or switch == SWITCH)
+        return {"switch turns": str(switches.count(SWITCH)), "segments": str(starts)}
 
     def scripted_reply(self, action: str) -> str:
         """What SFT teaches for `action`: the format line by line, SWITCH to the sub-goal `action`
