@@ -196,7 +196,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--iterations", type=int, default=15)
+    ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--env", default="toy-history")
     ap.add_argument("--memory-len", type=int, default=2)
     ap.add_argument("--prepare", action="store_true", help="only build the warm starts")
