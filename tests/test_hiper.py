@@ -117,6 +117,17 @@ def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
     np.testing.assert_allclose(adv.returns[:n, 0, 2], want.term_return, rtol=1e-6)
     assert adv.row_means["hiper/switch_rate"] == pytest.approx(1 / 5)
     assert adv.row_means["hiper/consistency_violation_rate"] == pytest.approx(1 / 3)
+    # two episodes of one segment each (2 and 3 turns): 5 turns / 2 segments
+    assert adv.metrics["hiper/mean_segment_length"] == pytest.approx(2.5)
+    # each head's values against its targets, where the target is (the value before the update)
+    for h in range(3):
+        at = adv.value_mask[..., h] > 0
+        t, v = adv.returns[..., h][at].astype(np.float64), values[..., h][at].astype(np.float64)
+        assert adv.metrics[f"critic/explained_var/head{h}"] == pytest.approx(
+            1 - np.var(t - v) / np.var(t), rel=1e-6)
+    at = adv.value_mask > 0
+    t, v = adv.returns[at].astype(np.float64), values[at].astype(np.float64)
+    assert adv.metrics["critic/explained_var"] == pytest.approx(1 - np.var(t - v) / np.var(t), rel=1e-6)
     # the policy's rows carry the loss mask
     assert rows.policy_rows(adv).response_mask is adv.loss_mask
 
@@ -134,6 +145,9 @@ def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(tmp_pa
         assert np.isfinite(metrics[f"critic/vf_loss/head{head}"])
     assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
     assert 0.0 <= metrics["hiper/switch_rate"] <= 1.0
+    assert metrics["hiper/mean_segment_length"] >= 1.0
+    for key in ["critic/explained_var"] + [f"critic/explained_var/head{h}" for h in range(3)]:
+        assert np.isfinite(metrics[key])
     critic, _ = load_run_critic(str(run))
     assert critic.num_heads == 3
 
@@ -151,3 +165,4 @@ def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
     # the toy demo's configs hold together
     assert load_config("toy_hiper_format").model.path == "build:toy-tiny@plan-execute"
     assert load_config("toy_hiper").algo.estimator == "hiper"
+
