@@ -166,3 +166,104 @@ def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
     assert load_config("toy_hiper_format").model.path == "build:toy-tiny@plan-execute"
     assert load_config("toy_hiper").algo.estimator == "hiper"
 
+
+# ------------------------------------------------------------------------------------- bad input
+def test_a_hiper_config_cannot_drop_its_critic(tmp_path):
+    """`critic: null` (or false, or an empty `critic:`) reads as turning the critic off, which
+    only algo.estimator decides: a ConfigError naming both ways out; a zero lr likewise."""
+    needle = ("critic: null does not turn the critic off: algo.estimator decides whether a run "
+              "has one .*drop the line .*algo.estimator=hgpo")
+    with pytest.raises(ConfigError, match=needle):
+        load_config("tiny_cpu_hiper", ["critic=null"])
+    with pytest.raises(ConfigError, match="critic: false does not turn the critic off"):
+        load_config("tiny_cpu_hiper", ["critic=false"])
+    mine = tmp_path / "no_critic.yaml"
+    mine.write_text("base: tiny_cpu_hiper\ncritic: null\n")
+    with pytest.raises(ConfigError, match=f"{mine}: " + needle):
+        load_config(str(mine))
+    with pytest.raises(ConfigError, match=r"critic.lr=0.0: must be a finite number > 0"):
+        load_config("tiny_cpu_hiper", ["critic.lr=0"])
+    assert load_config("tiny_cpu_hiper", ["critic={}"]).critic.lr == 1e-4  # settings, none given
+
+
+@pytest.mark.parametrize("agent", ["plan-execute", "verl-agent"])
+def test_an_agent_without_a_prompt_for_the_env_is_a_config_error(agent, monkeypatch):
+    """Both agents have prompts for every registered env today; an agent that lacked the env's
+    would be refused when the config loads, naming the envs it has prompts for."""
+    import hgpo_jax.config as config
+    from hgpo_jax.agents.registry import agent_spec
+
+    narrow = dataclasses.replace(agent_spec(agent), envs=("alfworld", "webshop"))
+    monkeypatch.setattr(config, "_agent_spec", lambda name: narrow if name == agent else None)
+    base = "tiny_cpu_hiper" if agent == "plan-execute" else "tiny_cpu_toy"
+    with pytest.raises(ConfigError, match=f"agent.name='{agent}': must be an agent with a prompt "
+                                          r"for env.name='toy' \(this one has prompts for "
+                                          r"alfworld, webshop\)"):
+        load_config(base, [f"agent.name={agent}"])
+
+
+def fake_rl_run(folder, cfg, heads: int):
+    """A run folder of `cfg` whose checkpoint (iteration 1) holds a critic of `heads` value heads
+    (none for 0): all that the resume checks read (no model)."""
+    import jax.numpy as jnp
+
+    from hgpo_jax.checkpoint import Checkpointer
+    from hgpo_jax.config import recorded_config, save_config
+
+    folder.mkdir(parents=True)
+    save_config(recorded_config(cfg), str(folder / "config.yaml"))
+    state = {"params": {"w": jnp.zeros(2)}, "opt_state": {"m": jnp.zeros(2)}}
+    if heads:
+        state["critic"] = {"params": {"score": {"kernel": jnp.zeros((4, heads))}},
+                           "opt_state": {"m": jnp.zeros(2)}}
+    ckpt = Checkpointer(folder / "checkpoints")
+    try:
+        ckpt.save(1, state, {"iteration": 1})
+    finally:
+        ckpt.close()
+    return folder
+
+
+@pytest.mark.parametrize("config, heads, overrides, needles", [
+    ("tiny_cpu_ppo", 1, ["algo.estimator=hiper", "agent.name=plan-execute"],
+     ["holds a critic of 1 value head, but algo.estimator=hiper trains a critic of 3 value heads",
+      "resume it with algo.estimator=ppo", "start a new hiper run from its policy with model.path="]),
+    ("tiny_cpu_hiper", 3, ["algo.estimator=ppo"],
+     ["holds a critic of 3 value heads, but algo.estimator=ppo trains a critic of 1 value head",
+      "resume it with algo.estimator=hiper"]),
+    ("tiny_cpu_toy", 0, ["algo.estimator=ppo", "rollout.group_size=1"],
+     ["holds no critic, but algo.estimator=ppo trains a critic of 1 value head",
+      "resume it with algo.estimator=hgpo"]),
+    ("tiny_cpu_ppo", 1, ["algo.estimator=hgpo", "rollout.group_size=2"],
+     ["holds a critic of 1 value head, but algo.estimator=hgpo trains no critic",
+      "resume it with algo.estimator=ppo"]),
+])
+def test_a_resume_whose_checkpoint_holds_another_critic_is_refused_before_anything_loads(
+        config, heads, overrides, needles, tmp_path, monkeypatch, capsys):
+    """`train RUN --resume --allow-change algo.estimator=...` whose checkpoint's critic has
+    another head count than the algorithm's (or none, or one it has no use for): one line naming
+    both and what to do, before the model loads (not an Orbax error after it)."""
+    import hgpo_jax.runs as runs
+    from hgpo_jax.cli import main as cli_main
+
+    def must_not_run(*a, **k):
+        raise AssertionError("loaded before the checks")
+
+    run = fake_rl_run(tmp_path / "run", load_config(config, [f"train.run_dir={tmp_path / 'run'}"]),
+                      heads)
+    monkeypatch.setattr(runs, "load_model", must_not_run)
+    code = cli_main(["train", str(run), "--resume", "--allow-change", "train.iterations=2",
+                     *overrides, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"hgpo-jax train: error: --resume: the checkpoint of {run} "), line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    assert not (run / "config_changes.jsonl").exists()  # nothing recorded
+    # the trainer's own resume checks the same, before it loads
+    from hgpo_jax.trainers.rl import Trainer
+
+    cfg = load_config(str(run), ["train.iterations=2", *overrides])
+    with pytest.raises(ValueError, match=needles[0]):
+        Trainer(cfg, resume=True, allow_change=True, progress=False)
