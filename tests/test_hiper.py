@@ -1,6 +1,8 @@
 """HiPER as an algorithm unit (`hgpo_jax.rl.algorithms.hiper`): its declaration and config
-checks, the token assignment of HAE's three advantages, the three heads' targets, and a run of
-`tiny_cpu_hiper` in the unchanged trainer (saved with a three-head critic)."""
+checks, the token assignment of HAE's three advantages, the three heads' targets, its metrics,
+the plan of its three-head critic, and bad input refused before anything loads. A run of
+`tiny_cpu_hiper` in the unchanged trainer, with eval, export, resume and plot on it:
+tests/test_hiper_run.py."""
 
 import dataclasses
 import types
@@ -132,24 +134,14 @@ def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
     assert rows.policy_rows(adv).response_mask is adv.loss_mask
 
 
-def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(tmp_path):
-    from hgpo_jax.runs import load_run_critic
-    from hgpo_jax.trainers.rl import Trainer
+def test_plan_names_the_critics_three_heads(capsys):
+    """`hgpo-jax plan tiny_cpu_hiper` sizes and names a critic of three value heads (its
+    one-iteration run in the trainer, with the rest of the tool: tests/test_hiper_run.py)."""
+    from hgpo_jax.cli import main as cli_main
 
-    run = tmp_path / "run"
-    cfg = load_config("tiny_cpu_hiper", [f"train.run_dir={run}", "env.num_workers=1",
-                                         "train.iterations=1"])
-    with Trainer(cfg, progress=False) as trainer:
-        (metrics,) = trainer.train()
-    for head in range(3):
-        assert np.isfinite(metrics[f"critic/vf_loss/head{head}"])
-    assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
-    assert 0.0 <= metrics["hiper/switch_rate"] <= 1.0
-    assert metrics["hiper/mean_segment_length"] >= 1.0
-    for key in ["critic/explained_var"] + [f"critic/explained_var/head{h}" for h in range(3)]:
-        assert np.isfinite(metrics[key])
-    critic, _ = load_run_critic(str(run))
-    assert critic.num_heads == 3
+    assert cli_main(["plan", "tiny_cpu_hiper", "rollout.max_prompt_tokens=256"]) == 0
+    out = capsys.readouterr().out
+    assert "(0.00 B, 3 value heads, no LM head)" in out and "critic step peak" in out
 
 
 def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
