@@ -7,8 +7,10 @@
 Reads each RUN_DIR/metrics.jsonl (written by `hgpo_jax.metrics.MetricsLogger`; a resumed run's
 re-logged steps count once). One subplot per metric, one line per run (labelled with the run
 folder's name), x = iteration. Default metrics: the paper's dynamics (KL loss, clip fraction,
-policy loss, mean advantage, mean step reward, success rate); `--metrics` adds others
-(`--only` plots just those). Metrics that no run logged are skipped with a note. Default output:
+policy loss, mean advantage, mean step reward, success rate), then those of an algorithm's own
+(FAMILY_METRICS: a critic's explained variance; HiPER's switch rate, mean segment length and each
+head's explained variance) when a run logged them; `--metrics` adds others (`--only` plots just
+those). A requested metric that no run logged is skipped with a note. Default output:
 RUN_DIR/plots.png for one run, ./runs_comparison.png for several.
 """
 
@@ -32,6 +34,9 @@ from hgpo_jax.metrics import metric_series, metrics_path, read_metrics  # noqa: 
 
 DEFAULT_METRICS = ("train/kl_loss", "train/pg_clipfrac", "train/pg_loss", "train/mean_advantage",
                    "rollout/mean_step_reward", "success/all")
+# drawn after the defaults when some run logged them (a critic's, HiPER's: docs/hiper.md), no note
+FAMILY_METRICS = ("critic/explained_var", "hiper/switch_rate", "hiper/mean_segment_length",
+                  *(f"critic/explained_var/head{h}" for h in range(3)))
 
 
 def run_label(run_dir: str, all_dirs: list[str]) -> str:
@@ -48,8 +53,10 @@ def default_out(run_dirs: list[str]) -> str:
     return os.path.join(run_dirs[0], "plots.png") if len(run_dirs) == 1 else "runs_comparison.png"
 
 
-def plot_runs(run_dirs: list[str], out: str, metrics: list[str], log=print) -> list[str]:
-    """Draw `metrics` (one subplot each) for every run to `out` (PNG). Returns the metrics drawn.
+def plot_runs(run_dirs: list[str], out: str, metrics: list[str], log=print,
+              optional: tuple[str, ...] = ()) -> list[str]:
+    """Draw `metrics` (one subplot each), then those of `optional` that some run logged, for every
+    run to `out` (PNG). Returns the metrics drawn.
 
     Raises FileNotFoundError for a run without metrics.jsonl and ValueError if no requested
     metric was logged by any run.
@@ -59,12 +66,16 @@ def plot_runs(run_dirs: list[str], out: str, metrics: list[str], log=print) -> l
         if not os.path.isfile(metrics_path(d)):
             raise FileNotFoundError(f"{metrics_path(d)} not found: is {d} a run folder?")
         runs[d] = read_metrics(d)
-    drawn = [m for m in metrics if any(metric_series(recs, m)[0] for recs in runs.values())]
+    def logged(metric: str) -> bool:
+        return any(metric_series(recs, metric)[0] for recs in runs.values())
+
+    drawn = [m for m in metrics if logged(m)]
     skipped = [m for m in metrics if m not in drawn]
     if skipped:
         log(f"note: skipped (logged by no run): {', '.join(skipped)}")
     if not drawn:
         raise ValueError(f"none of the metrics {list(metrics)} was logged by {run_dirs}")
+    drawn += [m for m in optional if m not in drawn and logged(m)]
     ncols = min(3, len(drawn))
     nrows = math.ceil(len(drawn) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.4 * nrows), squeeze=False)
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = args.out or default_out(args.run_dirs)
     try:
-        drawn = plot_runs(args.run_dirs, out, metrics)
+        drawn = plot_runs(args.run_dirs, out, metrics, optional=() if args.only else FAMILY_METRICS)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

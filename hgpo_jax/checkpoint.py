@@ -107,6 +107,18 @@ class Checkpointer:
         out = self._manager.restore(steps[-1], args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return out["meta"]
 
+    def items(self, step: int | None = None) -> list[str]:
+        """The items of checkpoint `step` (default: the newest) besides its meta: "state" (params
+        and opt_state) and any other top-level key of the saved state (a PPO run's "critic");
+        [] when there is no such checkpoint. No array is read."""
+        steps = self.steps()
+        step = steps[-1] if step is None and steps else step
+        if step not in steps:
+            return []
+        with _quiet_absl():  # items without a handler here are announced by absl warnings
+            found = self._manager.item_metadata(step)
+        return sorted(k for k in found.keys() if k != "meta")
+
     def item_shapes(self, item: str, step: int | None = None):
         """The array shapes of item `item` of checkpoint `step` (default: the newest): a tree like
         the saved one with a shape tuple per array; no array is read. item: "state" (params and

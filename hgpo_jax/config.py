@@ -558,6 +558,8 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> C
         if key in TOP_LEVEL_SCALARS:
             _set_field(cfg, key, value, "", where)
         elif key in SECTIONS:
+            if key in SECTIONS_OF_ALGORITHMS and (value is None or value is False):
+                raise _section_switch_error(key, value, where)
             if value is None:
                 continue  # an empty section (`algo:` with nothing under it) keeps the defaults
             if not isinstance(value, Mapping):
@@ -573,6 +575,19 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> C
         else:
             raise _unknown_key(key, top_valid, "", where)
     return cfg
+
+
+def _section_switch_error(key: str, value: Any, where: str) -> ConfigError:
+    """`critic: null` (or false, or empty) read as an attempt to turn the section's model off:
+    the algorithm decides whether there is one; the section only sets it up."""
+    users = [name for name in algorithm_names() if key in algorithm_spec(name).sections]
+    others = [name for name in algorithm_names() if name not in users]
+    text = "null" if value is None else "false"
+    return ConfigError(
+        f"{where}{key}: {text} does not turn the {key} off: "
+        f"algo.estimator decides whether a run has one ({', '.join(users)} train a {key}; "
+        f"{', '.join(others)} do not) and this section only sets it up; drop the line (its "
+        f"defaults), or choose an algorithm without a {key} (e.g. algo.estimator={others[-1]})")
 
 
 # ------------------------------------------------------------------------------------- files

@@ -150,7 +150,8 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
     or is written; raises ValueError / FileExistsError saying what to do instead. Returns the
     changes a resume makes to the run's recorded config ({"section.key": (old, new)}; {} for a
     new run): a change of what the run is (not `config.is_run_setting`) is refused unless
-    `allow_change`. `record` False (an evaluation reads the folder) checks nothing."""
+    `allow_change`, and an RL run's checkpoint must hold the critic its algorithm trains
+    (`check_resumed_critic`). `record` False (an evaluation reads the folder) checks nothing."""
     from hgpo_jax.config import config_changes, is_run_folder, is_run_setting, load_config
 
     if not record:
@@ -178,14 +179,44 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
     if found and found[0] != kind:
         raise ValueError(f"{run_dir} holds {RUN_KINDS[found[0]]}, not {RUN_KINDS[kind]}; start a "
                          f"new run from it with model.path={run_dir}")
-    changes = config_changes(load_config(run_dir), cfg)
+    recorded = load_config(run_dir)
+    changes = config_changes(recorded, cfg)
     what = {k: v for k, v in changes.items() if not is_run_setting(k)}
     if what and not allow_change:
         listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in what.items())
         raise ValueError(f"--resume would change what the run {run_dir} is ({listed}); resume it "
                          "as it was (hgpo-jax COMMAND RUN_DIR --resume, without those keys), or "
                          "pass --allow-change to record the change from the restored step on")
+    if found and kind == "rl":
+        check_resumed_critic(cfg, recorded.algo.estimator, run_dir)
     return changes
+
+
+def check_resumed_critic(cfg, recorded: str, run_dir: str) -> None:
+    """A resumed RL run's newest checkpoint must hold the critic `cfg.algo.estimator` trains: as
+    many value heads (none for an algorithm without a critic), or its arrays would not restore.
+    Reads the checkpoint's metadata alone; raises ValueError naming both and what to do
+    instead (recorded: the run's own algo.estimator, named when its critic fits)."""
+    from hgpo_jax.algo_specs import ALGORITHMS
+
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
+    try:
+        have = checkpoint_critic_heads(ckpt)
+    finally:
+        ckpt.close()
+    want = cfg.algo.spec.critic_heads
+    if have == want:
+        return
+
+    def critic(heads: int) -> str:
+        return f"a critic of {heads} value head{'s' * (heads != 1)}" if heads else "no critic"
+
+    fits = [n for n, spec in ALGORITHMS.items() if spec.critic_heads == have]
+    was = recorded if recorded in fits else " or ".join(fits) or "the algorithm that wrote it"
+    raise ValueError(f"--resume: the checkpoint of {run_dir} holds {critic(have)}, but "
+                     f"algo.estimator={cfg.algo.estimator} trains {critic(want)}; resume it with "
+                     f"algo.estimator={was}, or start a new {cfg.algo.estimator} run from its "
+                     f"policy with model.path={run_dir}")
 
 
 def build_optimizer(cfg, total_steps: int = 1):
@@ -279,6 +310,8 @@ def load_run_critic(run_dir: str, progress: bool = False):
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
         heads = checkpoint_critic_heads(ckpt)
+        if not heads:
+            raise ValueError(f"the newest checkpoint of {run_dir} holds no critic")
         graphdef, params = nnx.split(critic_from_policy(policy, num_heads=heads), nnx.Param)
         like = {"critic": {"params": params,
                            "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
@@ -289,8 +322,10 @@ def load_run_critic(run_dir: str, progress: bool = False):
 
 
 def checkpoint_critic_heads(ckpt: Checkpointer) -> int:
-    """The value heads of the critic in a run's newest checkpoint (its `score` kernel [D, H]);
-    no array is read."""
+    """The value heads of the critic in a run's newest checkpoint (its `score` kernel [D, H]; 0:
+    it holds no critic); no array is read."""
+    if "critic" not in ckpt.items():
+        return 0
     kernel = ckpt.item_shapes("critic")["params"]["score"]["kernel"]  # nnx may wrap it: {"value": shape}
     (shape,) = jax.tree.leaves(kernel, is_leaf=lambda x: isinstance(x, tuple))
     return int(shape[-1])

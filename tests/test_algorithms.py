@@ -146,6 +146,46 @@ def test_the_critic_unit_rewards_each_row_with_its_episode_less_its_own_penalty(
     assert unit.updates_policy(0)
 
 
+def test_explained_variance_by_hand_and_merged_over_processes():
+    from hgpo_jax.rl.algorithms.critic import explained_variance, value_moments
+
+    targets, values = np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 2.0, 2.0, 5.0])
+    # residuals 0, 0, 1, -1: Var 0.5; Var(targets) 1.25; EV = 1 - 0.5 / 1.25
+    assert explained_variance([value_moments(targets, values)]) == pytest.approx(0.6)
+    # two processes' halves merge to the same number; a process without entries adds nothing
+    halves = [value_moments(targets[:2], values[:2]), value_moments(targets[2:], values[2:]),
+              value_moments([], [])]
+    assert explained_variance(halves) == pytest.approx(0.6)
+    assert explained_variance([value_moments(targets, targets)]) == 1.0
+    # no variance to explain (constant targets, up to rounding) or no entries: 0.0, never NaN
+    assert explained_variance([value_moments([0.3] * 5, [0.1, 0.2, 0.3, 0.4, 0.5])]) == 0.0
+    assert explained_variance([value_moments([], [])]) == 0.0
+
+
+def test_the_critic_unit_logs_the_explained_variance_of_its_values():
+    import types
+
+    from hgpo_jax.rl.critic import make_gae_fn
+
+    b = rollout_batch(**BATCH)
+    rows = step_rows(b)
+    unit = build_algorithm(load_config("tiny_cpu_ppo"))
+    W = unit.window
+    unit.critic = types.SimpleNamespace(value_fn=None, gae_fn=make_gae_fn(W, 1.0, 1.0))
+    # gamma = lam = 1: the targets of a two-token reply are r, r and 0 (the state after it)
+    rewards = unit.rewards(rows)
+    targets = np.zeros((8, W), np.float32)
+    targets[:7, :2] = rewards[:7, None]
+    values = 0.5 * targets                     # half of every target: EV = 1 - 1/4
+    state = types.SimpleNamespace(params=None)
+    adv = unit.advantages(rows, state, lambda fn, params, width: values)
+    np.testing.assert_allclose(adv.returns[:7, :3], targets[:7, :3], atol=1e-5)
+    assert adv.metrics["critic/explained_var"] == pytest.approx(0.75, abs=1e-6)
+    assert not [k for k in adv.metrics if k.startswith("critic/explained_var/")]  # one head
+    adv = unit.advantages(rows, state, lambda fn, params, width: targets)  # perfect values
+    assert adv.metrics["critic/explained_var"] == pytest.approx(1.0, abs=1e-6)
+
+
 # ------------------------------------------------------------------------------------- a new unit
 class ConstantAlgorithm(Algorithm):
     """A test family: every row's advantage is `cfg.algo.omega`, token advantages as declared."""

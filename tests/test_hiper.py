@@ -1,6 +1,8 @@
 """HiPER as an algorithm unit (`hgpo_jax.rl.algorithms.hiper`): its declaration and config
-checks, the token assignment of HAE's three advantages, the three heads' targets, and a run of
-`tiny_cpu_hiper` in the unchanged trainer (saved with a three-head critic)."""
+checks, the token assignment of HAE's three advantages, the three heads' targets, its metrics,
+the plan of its three-head critic, and bad input refused before anything loads. A run of
+`tiny_cpu_hiper` in the unchanged trainer, with eval, export, resume and plot on it:
+tests/test_hiper_run.py."""
 
 import dataclasses
 import types
@@ -117,25 +119,29 @@ def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
     np.testing.assert_allclose(adv.returns[:n, 0, 2], want.term_return, rtol=1e-6)
     assert adv.row_means["hiper/switch_rate"] == pytest.approx(1 / 5)
     assert adv.row_means["hiper/consistency_violation_rate"] == pytest.approx(1 / 3)
+    # two episodes of one segment each (2 and 3 turns): 5 turns / 2 segments
+    assert adv.metrics["hiper/mean_segment_length"] == pytest.approx(2.5)
+    # each head's values against its targets, where the target is (the value before the update)
+    for h in range(3):
+        at = adv.value_mask[..., h] > 0
+        t, v = adv.returns[..., h][at].astype(np.float64), values[..., h][at].astype(np.float64)
+        assert adv.metrics[f"critic/explained_var/head{h}"] == pytest.approx(
+            1 - np.var(t - v) / np.var(t), rel=1e-6)
+    at = adv.value_mask > 0
+    t, v = adv.returns[at].astype(np.float64), values[at].astype(np.float64)
+    assert adv.metrics["critic/explained_var"] == pytest.approx(1 - np.var(t - v) / np.var(t), rel=1e-6)
     # the policy's rows carry the loss mask
     assert rows.policy_rows(adv).response_mask is adv.loss_mask
 
 
-def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(tmp_path):
-    from hgpo_jax.runs import load_run_critic
-    from hgpo_jax.trainers.rl import Trainer
+def test_plan_names_the_critics_three_heads(capsys):
+    """`hgpo-jax plan tiny_cpu_hiper` sizes and names a critic of three value heads (its
+    one-iteration run in the trainer, with the rest of the tool: tests/test_hiper_run.py)."""
+    from hgpo_jax.cli import main as cli_main
 
-    run = tmp_path / "run"
-    cfg = load_config("tiny_cpu_hiper", [f"train.run_dir={run}", "env.num_workers=1",
-                                         "train.iterations=1"])
-    with Trainer(cfg, progress=False) as trainer:
-        (metrics,) = trainer.train()
-    for head in range(3):
-        assert np.isfinite(metrics[f"critic/vf_loss/head{head}"])
-    assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
-    assert 0.0 <= metrics["hiper/switch_rate"] <= 1.0
-    critic, _ = load_run_critic(str(run))
-    assert critic.num_heads == 3
+    assert cli_main(["plan", "tiny_cpu_hiper", "rollout.max_prompt_tokens=256"]) == 0
+    out = capsys.readouterr().out
+    assert "(0.00 B, 3 value heads, no LM head)" in out and "critic step peak" in out
 
 
 def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
@@ -151,3 +157,105 @@ def test_a_build_model_may_train_its_tokenizer_on_another_agents_text():
     # the toy demo's configs hold together
     assert load_config("toy_hiper_format").model.path == "build:toy-tiny@plan-execute"
     assert load_config("toy_hiper").algo.estimator == "hiper"
+
+
+# ------------------------------------------------------------------------------------- bad input
+def test_a_hiper_config_cannot_drop_its_critic(tmp_path):
+    """`critic: null` (or false, or an empty `critic:`) reads as turning the critic off, which
+    only algo.estimator decides: a ConfigError naming both ways out; a zero lr likewise."""
+    needle = ("critic: null does not turn the critic off: algo.estimator decides whether a run "
+              "has one .*drop the line .*algo.estimator=hgpo")
+    with pytest.raises(ConfigError, match=needle):
+        load_config("tiny_cpu_hiper", ["critic=null"])
+    with pytest.raises(ConfigError, match="critic: false does not turn the critic off"):
+        load_config("tiny_cpu_hiper", ["critic=false"])
+    mine = tmp_path / "no_critic.yaml"
+    mine.write_text("base: tiny_cpu_hiper\ncritic: null\n")
+    with pytest.raises(ConfigError, match=f"{mine}: " + needle):
+        load_config(str(mine))
+    with pytest.raises(ConfigError, match=r"critic.lr=0.0: must be a finite number > 0"):
+        load_config("tiny_cpu_hiper", ["critic.lr=0"])
+    assert load_config("tiny_cpu_hiper", ["critic={}"]).critic.lr == 1e-4  # settings, none given
+
+
+@pytest.mark.parametrize("agent", ["plan-execute", "verl-agent"])
+def test_an_agent_without_a_prompt_for_the_env_is_a_config_error(agent, monkeypatch):
+    """Both agents have prompts for every registered env today; an agent that lacked the env's
+    would be refused when the config loads, naming the envs it has prompts for."""
+    import hgpo_jax.config as config
+    from hgpo_jax.agents.registry import agent_spec
+
+    narrow = dataclasses.replace(agent_spec(agent), envs=("alfworld", "webshop"))
+    monkeypatch.setattr(config, "_agent_spec", lambda name: narrow if name == agent else None)
+    base = "tiny_cpu_hiper" if agent == "plan-execute" else "tiny_cpu_toy"
+    with pytest.raises(ConfigError, match=f"agent.name='{agent}': must be an agent with a prompt "
+                                          r"for env.name='toy' \(this one has prompts for "
+                                          r"alfworld, webshop\)"):
+        load_config(base, [f"agent.name={agent}"])
+
+
+def fake_rl_run(folder, cfg, heads: int):
+    """A run folder of `cfg` whose checkpoint (iteration 1) holds a critic of `heads` value heads
+    (none for 0): all that the resume checks read (no model)."""
+    import jax.numpy as jnp
+
+    from hgpo_jax.checkpoint import Checkpointer
+    from hgpo_jax.config import recorded_config, save_config
+
+    folder.mkdir(parents=True)
+    save_config(recorded_config(cfg), str(folder / "config.yaml"))
+    state = {"params": {"w": jnp.zeros(2)}, "opt_state": {"m": jnp.zeros(2)}}
+    if heads:
+        state["critic"] = {"params": {"score": {"kernel": jnp.zeros((4, heads))}},
+                           "opt_state": {"m": jnp.zeros(2)}}
+    ckpt = Checkpointer(folder / "checkpoints")
+    try:
+        ckpt.save(1, state, {"iteration": 1})
+    finally:
+        ckpt.close()
+    return folder
+
+
+@pytest.mark.parametrize("config, heads, overrides, needles", [
+    ("tiny_cpu_ppo", 1, ["algo.estimator=hiper", "agent.name=plan-execute"],
+     ["holds a critic of 1 value head, but algo.estimator=hiper trains a critic of 3 value heads",
+      "resume it with algo.estimator=ppo", "start a new hiper run from its policy with model.path="]),
+    ("tiny_cpu_hiper", 3, ["algo.estimator=ppo"],
+     ["holds a critic of 3 value heads, but algo.estimator=ppo trains a critic of 1 value head",
+      "resume it with algo.estimator=hiper"]),
+    ("tiny_cpu_toy", 0, ["algo.estimator=ppo", "rollout.group_size=1"],
+     ["holds no critic, but algo.estimator=ppo trains a critic of 1 value head",
+      "resume it with algo.estimator=hgpo"]),
+    ("tiny_cpu_ppo", 1, ["algo.estimator=hgpo", "rollout.group_size=2"],
+     ["holds a critic of 1 value head, but algo.estimator=hgpo trains no critic",
+      "resume it with algo.estimator=ppo"]),
+])
+def test_a_resume_whose_checkpoint_holds_another_critic_is_refused_before_anything_loads(
+        config, heads, overrides, needles, tmp_path, monkeypatch, capsys):
+    """`train RUN --resume --allow-change algo.estimator=...` whose checkpoint's critic has
+    another head count than the algorithm's (or none, or one it has no use for): one line naming
+    both and what to do, before the model loads (not an Orbax error after it)."""
+    import hgpo_jax.runs as runs
+    from hgpo_jax.cli import main as cli_main
+
+    def must_not_run(*a, **k):
+        raise AssertionError("loaded before the checks")
+
+    run = fake_rl_run(tmp_path / "run", load_config(config, [f"train.run_dir={tmp_path / 'run'}"]),
+                      heads)
+    monkeypatch.setattr(runs, "load_model", must_not_run)
+    code = cli_main(["train", str(run), "--resume", "--allow-change", "train.iterations=2",
+                     *overrides, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"hgpo-jax train: error: --resume: the checkpoint of {run} "), line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    assert not (run / "config_changes.jsonl").exists()  # nothing recorded
+    # the trainer's own resume checks the same, before it loads
+    from hgpo_jax.trainers.rl import Trainer
+
+    cfg = load_config(str(run), ["train.iterations=2", *overrides])
+    with pytest.raises(ValueError, match=needles[0]):
+        Trainer(cfg, resume=True, allow_change=True, progress=False)

@@ -173,7 +173,8 @@ def _sharded(spec, mesh):
 def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRows,
                 num_heads: int = 1) -> dict:
     """Per-device bytes of a run's critic (`rl.critic`) of `num_heads` value heads: its weights,
-    its AdamW state and the peak of its update step (arguments + temporaries). mb: the abstract
+    its AdamW state and the peak of its update step (arguments + temporaries); its parameter
+    count and its heads (`critic_heads`, which the printed plan names). mb: the abstract
     mini-batch, `CriticRows.spec(..., num_heads=num_heads)`."""
     from hgpo_jax.models.qwen2 import Qwen2Critic
     from hgpo_jax.rl.batching import head_axis
@@ -199,6 +200,7 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRow
     mem = step.lower(abs_params, abs_opt, mb).compile(
         compiler_options=plan_compiler_options(mesh)).memory_analysis()
     return {"critic_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+            "critic_heads": num_heads,
             "critic_params_bytes": _bytes_per_device(abs_params),
             "critic_opt_bytes": _bytes_per_device(abs_opt), "critic_step_bytes": _step_peak_bytes(mem)}
 
@@ -263,7 +265,7 @@ def format_plan(p: dict) -> str:
         f"    step arguments        {g(p['argument_bytes'])}  (params + opt state + mini-batch)",
         f"    step temporaries      {g(p['temp_bytes'])}  (gradients, activations, logits chunks)",
     ] + ([f"    critic parameters     {g(p['critic_params_bytes'])}  ({p['critic_params'] / 1e9:.2f} B, "
-          "value head, no LM head)",
+          f"{p['critic_heads']} value head{'s' * (p['critic_heads'] != 1)}, no LM head)",
           f"    critic optimizer      {g(p['critic_opt_bytes'])}",
           f"    critic step peak      {g(p['critic_step_bytes'])}  (its arguments + temporaries)"]
          if "critic_params_bytes" in p else []) + [

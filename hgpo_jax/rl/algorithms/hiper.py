@@ -18,6 +18,12 @@ Per iteration, on this process's rows (whole episodes: groups never span process
    (`Advantages.value_mask`, carried to `CriticRows.value_mask`), the sum of the three clipped
    value losses; the critic family's update (`CriticAlgorithm.update_critic`).
 
+Metrics (docs/hiper.md): row means `hiper/switch_rate`, `hiper/segments_per_turn`,
+`hiper/consistency_violation_rate`, `hiper/loss_tokens_per_row`; over every process's rows
+`hiper/mean_segment_length` (turns per segment: all turns / all segment starts) and the critic
+family's `critic/explained_var` (every head's targets together) and
+`critic/explained_var/head{h}` (h = 0 low, 1 high, 2 termination).
+
 Padding rows are inert and added after HAE (never duplicated real rows, as the authors' batch
 padding does). In a multi-process run each process normalizes the levels over its own rows.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hgpo_jax import distributed as dist
 from hgpo_jax.agents.plan_execute import ReplySpans, reply_spans
 from hgpo_jax.rl.algorithms.base import Advantages, StepRows
 from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
@@ -116,5 +123,8 @@ class HiperAlgorithm(CriticAlgorithm):
                      "hiper/consistency_violation_rate":
                          float((changed & keep_later).sum() / max(keep_later.sum(), 1)),
                      "hiper/loss_tokens_per_row": float(loss_mask[:n].sum(1).mean()) if n else 0.0}
-        return Advantages(advantages, row_adv, row_means, {}, values=values, returns=returns,
+        turns_done, segments = np.sum(dist.allgather_json([n, int(hae.has_high.sum())]), axis=0)
+        metrics = {"hiper/mean_segment_length": float(turns_done / max(segments, 1)),
+                   **self.explained_variance_metrics(values, returns, value_mask)}
+        return Advantages(advantages, row_adv, row_means, metrics, values=values, returns=returns,
                           loss_mask=loss_mask, value_mask=value_mask)
