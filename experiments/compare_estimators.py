@@ -154,29 +154,41 @@ def summarize(runs: dict[str, dict[int, dict]], iterations: int) -> dict:
     return summary
 
 
-def plot(summary: dict, runs: dict, out: str) -> list[str]:
+def plot_success(series: dict[str, tuple], path: str, title: str) -> str:
+    """Held-out success per iteration, one line per method with its 95% band: series maps a
+    name to (means [I], interval half-widths [I], seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, s in summary.items():
-        x = np.arange(1, len(s["eval_mean"]) + 1)
-        m, h = np.asarray(s["eval_mean"], float), np.nan_to_num(np.asarray(s["eval_ci95"], float))
-        ax.plot(x, m, label=f"{name} (n={len(runs[name])})")
+    for name, (mean, half, seeds) in series.items():
+        m, h = np.asarray(mean, float), np.nan_to_num(np.asarray(half, float))
+        x = np.arange(1, len(m) + 1)
+        ax.plot(x, m, label=f"{name} (n={seeds})")
         ax.fill_between(x, m - h, m + h, alpha=0.15)
     ax.set_xlabel("iteration")
     ax.set_ylabel(f"held-out success ({SPLIT}, T=0.4)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("toy-history: mean and 95% interval over seeds")
+    ax.set_title(title)
     fig.tight_layout()
-    paths.append(os.path.join(out, "success.png"))
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+    return path
+
+
+def plot(summary: dict, runs: dict, out: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [plot_success({name: (s["eval_mean"], s["eval_ci95"], len(runs[name]))
+                           for name, s in summary.items()}, os.path.join(out, "success.png"),
+                          "toy-history: mean and 95% interval over seeds")]
 
     # the diagnostic on the batches of the HGPO K=2 runs (every estimator is measured on them)
     source = "hgpo_k2" if "hgpo_k2" in runs else next(iter(runs))

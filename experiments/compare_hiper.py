@@ -43,7 +43,7 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import mean_ci, run_seconds  # noqa: E402
+from compare_estimators import mean_ci, plot_success, run_seconds  # noqa: E402
 
 from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
@@ -161,31 +161,13 @@ def summarize(curves: dict, finals: dict, iterations: int) -> dict:
 
 
 def plot(curves: dict, out: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    series = {}
     for m, by_seed in curves.items():
         n = min(len(c) for c in by_seed.values())
         stats = [mean_ci([c[i] for c in by_seed.values()]) for i in range(n)]
-        mean = np.asarray([s[0] for s in stats])
-        half = np.nan_to_num(np.asarray([s[1] for s in stats]))
-        x = np.arange(1, n + 1)
-        ax.plot(x, mean, label=f"{m} (n={len(by_seed)})")
-        ax.fill_between(x, mean - half, mean + half, alpha=0.15)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(f"held-out success ({SPLIT}, T=0.4)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("toy-history, memory 2: mean and 95% interval over seeds")
-    fig.tight_layout()
-    path = os.path.join(out, "success.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        series[m] = ([s[0] for s in stats], [s[1] for s in stats], len(by_seed))
+    return plot_success(series, os.path.join(out, "success.png"),
+                        "toy-history, memory 2: mean and 95% interval over seeds")
 
 
 def fmt(ci) -> str:
