@@ -85,3 +85,10 @@ class Agent(abc.ABC):
     def scripted_reply(self, action: str) -> str:
         """The reply an SFT sample teaches for a scripted policy's `action`: a valid reply (under
         `parse`) that sends `action`."""
+
+
+def check_projection(agent: str, projection: str, allowed: Sequence[str]) -> None:
+    """An agent's projection rules must be one it has (`allowed`); else a ValueError naming them."""
+    if projection not in allowed:
+        raise ValueError(f"unknown projection rules {projection!r} for agent {agent!r}; "
+                         f"use one of {', '.join(allowed)}")

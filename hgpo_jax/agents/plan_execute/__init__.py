@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from hgpo_jax.agents.base import Agent, Reply, Turn
+from hgpo_jax.agents.base import Agent, Reply, Turn, check_projection
 from hgpo_jax.agents.plan_execute.projection import KEEP, SWITCH, project
 from hgpo_jax.agents.plan_execute.prompts import (build_alfworld_prompt, build_toy_prompt,
                                                   build_webshop_prompt)
@@ -59,9 +59,7 @@ class PlanExecuteAgent(Agent):
         if self.env not in PROMPTS:
             raise ValueError(f"agent {NAME!r} has no prompt for env {self.env!r}; it has prompts "
                              f"for {', '.join(PROMPTS)}")
-        if self.projection not in PROJECTIONS:
-            raise ValueError(f"unknown projection rules {self.projection!r} for agent {NAME!r}; "
-                             f"use one of {', '.join(PROJECTIONS)}")
+        check_projection(NAME, self.projection, PROJECTIONS)
 
     def prompt(self, task: str, observation: str, admissible_actions: Sequence[str],
                history: Sequence[Turn], memory_len: int) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from hgpo_jax.agents.base import Agent, Reply, Turn
+from hgpo_jax.agents.base import Agent, Reply, Turn, check_projection
 from hgpo_jax.agents.verl_agent import alfworld, webshop
 from hgpo_jax.agents.verl_agent.projection import PROJECTIONS, project_action
 
@@ -41,9 +41,7 @@ class VerlAgent(Agent):
     name: str = NAME
 
     def __post_init__(self):
-        if self.projection not in PROJECTIONS:
-            raise ValueError(f"unknown projection rules {self.projection!r} for agent {NAME!r}; "
-                             f"use one of {', '.join(PROJECTIONS)}")
+        check_projection(NAME, self.projection, PROJECTIONS)
 
     def prompt(self, task: str, observation: str, admissible_actions: Sequence[str],
                history: Sequence[Turn], memory_len: int) -> str:
