@@ -486,3 +486,33 @@ def test_a_rows_samples_depend_on_its_id_not_on_the_batch():
         model, prompts, 12, row_ids=list(range(5)), **kw).tokens
     with pytest.raises(ValueError, match="row_ids"):
         generate(model, prompts, 4, row_ids=[1, 2], **kw)
+
+
+# --------------------------------------------------------------------------- weights in the compute dtype
+def _master_and_cast(model):
+    """(a copy of `model` with fp32 master weights and bf16 compute, the same weights stored bf16)."""
+    from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, cast_to_compute
+    master = Qwen2ForCausalLM(model.config, dtype="bfloat16", param_dtype="float32",
+                              rngs=nnx.Rngs(3))
+    return master, cast_to_compute(nnx.clone(master))
+
+
+def test_cast_to_compute_stores_weights_in_the_compute_dtype_with_the_same_logits(models):
+    master, cast = _master_and_cast(models["tied_gqa2"][1])
+    dtypes = {x.dtype for x in jax.tree.leaves(nnx.state(cast, nnx.Param))}
+    assert dtypes == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(master, nnx.Param))} == {jnp.dtype(jnp.float32)}
+    ids = jnp.asarray(make_prompts(master.config.vocab_size, lens=(FORWARD_LEN,), seed=4))
+    np.testing.assert_array_equal(np.asarray(_forward(master, ids), np.float32),
+                                  np.asarray(_forward(cast, ids), np.float32))
+
+
+def test_fp32_master_weights_sample_as_their_bf16_copy(models, sampler):
+    """The sampler converts master weights once per call (rl.sampling._sampling_model); the samples
+    and log-probs are those of the same weights stored in the compute dtype."""
+    master, cast = _master_and_cast(models["tied_gqa2"][1])
+    prompts = make_prompts(master.config.vocab_size, seed=5)
+    a = generate(master, prompts, MAX_NEW, temperature=1.0, rng=3, sampler=sampler)
+    b = generate(cast, prompts, MAX_NEW, temperature=1.0, rng=3, sampler=sampler)
+    assert a.tokens == b.tokens
+    np.testing.assert_array_equal(np.concatenate(a.logprobs), np.concatenate(b.logprobs))

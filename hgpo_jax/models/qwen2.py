@@ -635,6 +635,23 @@ def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0, num_heads: int =
     return nnx.merge(graphdef, nnx.from_flat_state(filled))
 
 
+def cast_to_compute(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+    """The model with its floating-point weights stored in its compute dtype (`model.dtype`), e.g.
+    fp32 master weights as bf16. Outputs are unchanged: every layer (Linear, Embed, RMSNorm) casts
+    its weights to the compute dtype where it uses them. Inside a jitted program that loops over
+    the same weights (the sampler's decode), calling this before the loop converts each weight once
+    per call instead of once per step. Changes `model` in place and returns it (unchanged when the
+    weights are already in the compute dtype)."""
+    dtype = jnp.dtype(model.dtype)
+    if jnp.dtype(model.param_dtype) == dtype:
+        return model
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    params = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    nnx.update(model, params)
+    return model
+
+
 def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
     """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
     L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.update.shard_params` puts them
