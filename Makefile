@@ -24,7 +24,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
