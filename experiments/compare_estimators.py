@@ -210,6 +210,22 @@ def plot(summary: dict, runs: dict, out: str) -> list[str]:
     return paths
 
 
+def write_results(script: str, argv, args, t0: float, timing: dict, summary: dict,
+                  **per_seed: dict) -> dict:
+    """A comparison's args.out/results.json, returned too: the command (`script` and its
+    arguments), the args, the wall seconds since t0, each run's seconds (`timing`) and their
+    total, the summary, and each `per_seed` item ({method: {seed: data}}, seeds as strings)."""
+    result = {"command": f"python experiments/{script} " + " ".join(argv or sys.argv[1:]),
+              "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
+              "run_seconds_total": round(sum(timing.values()), 1), "timing": timing,
+              "summary": summary}
+    result.update({key: {m: {str(s): c for s, c in r.items()} for m, r in data.items()}
+                   for key, data in per_seed.items()})
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -237,12 +253,7 @@ def main(argv=None) -> dict:
             print(f"seed {seed} {name:<8} held-out success first {c[0]:.3f} last {c[-1]:.3f} "
                   f"({timing[f'{name}-s{seed}']:.0f} s)", flush=True)
     summary = summarize(runs, args.iterations)
-    result = {"command": "python experiments/compare_estimators.py " + " ".join(argv or sys.argv[1:]),
-              "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
-              "run_seconds_total": round(sum(timing.values()), 1), "timing": timing,
-              "summary": summary, "runs": {n: {str(s): c for s, c in r.items()} for n, r in runs.items()}}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    result = write_results("compare_estimators.py", argv, args, t0, timing, summary, runs=runs)
     paths = plot(summary, runs, args.out)
     for name, s in summary.items():
         (m1, h1), (m3, h3) = s["first_third"], s["last_third"]

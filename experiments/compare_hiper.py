@@ -43,7 +43,8 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import mean_ci, plot_success, run_seconds  # noqa: E402
+from compare_estimators import (mean_ci, plot_success, run_seconds,  # noqa: E402
+                                 write_results)
 
 from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
@@ -205,12 +206,7 @@ def main(argv=None) -> dict:
                   f"{finals[m][seed]['in_window']:.3f} beyond {finals[m][seed]['beyond_window']:.3f} "
                   f"({timing[f'{m}-s{seed}']:.0f} s)", flush=True)
     summary = summarize(curves, finals, args.iterations)
-    result = {"command": "python experiments/compare_hiper.py " + " ".join(argv or sys.argv[1:]),
-              "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
-              "run_seconds_total": round(sum(timing.values()), 1), "timing": timing,
-              "summary": summary, "curves": {m: {str(s): c for s, c in r.items()} for m, r in curves.items()}}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    result = write_results("compare_hiper.py", argv, args, t0, timing, summary, curves=curves)
     path = plot(curves, args.out)
     for m, s in summary["methods"].items():
         print(f"{m:<8} last third {fmt(s['last_third'])}  final in window {fmt(s['final_in_window'])}  "

@@ -87,6 +87,13 @@ class Agent(abc.ABC):
         `parse`) that sends `action`."""
 
 
+def check_memory_len(memory_len: int) -> None:
+    """A prompt's memory window (the last `memory_len` turns shown) must be >= 0; else a
+    ValueError."""
+    if memory_len < 0:
+        raise ValueError(f"memory_len must be >= 0, got {memory_len}")
+
+
 def check_projection(agent: str, projection: str, allowed: Sequence[str]) -> None:
     """An agent's projection rules must be one it has (`allowed`); else a ValueError naming them."""
     if projection not in allowed:

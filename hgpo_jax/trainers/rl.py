@@ -293,11 +293,7 @@ class Trainer(Run):
         self.loop.load_meta(meta)
 
     def policy(self, temperature: float) -> Policy:
-        r = self.cfg.rollout
-        return Policy(self.model(), self.tokenizer,
-                      temperature=temperature, top_p=r.top_p, top_k=r.top_k,
-                      max_new_tokens=r.max_new_tokens, max_prompt_tokens=r.max_prompt_tokens,
-                      prefill_chunk=r.prefill_chunk)
+        return Policy.of_rollout(self.model(), self.tokenizer, self.cfg.rollout, temperature)
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self) -> dict[str, float]:

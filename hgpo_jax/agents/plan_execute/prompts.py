@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hgpo_jax.agents.base import Turn
+from hgpo_jax.agents.base import Turn, check_memory_len
 from hgpo_jax.agents.verl_agent.alfworld import (ALFWORLD_INTRO, TOY_INTRO, format_actions,
                                              format_memory)
 from hgpo_jax.agents.verl_agent.webshop import MAX_PROMPT_CHARS
@@ -175,11 +175,6 @@ def current_subgoal(history: Sequence[Turn]) -> str:
     return history[-1].plan if history else FIRST_SUBGOAL
 
 
-def _check_memory_len(memory_len: int) -> None:
-    if memory_len < 0:
-        raise ValueError(f"memory_len must be >= 0, got {memory_len}")
-
-
 def build_alfworld_prompt(task: str, observation: str, admissible_actions: Sequence[str],
                           history: Sequence[Turn] = (), memory_len: int = 2, *,
                           templates: tuple[str, str] = (ALFWORLD_TEMPLATE_OPTIONS_NO_HIS,
@@ -187,7 +182,7 @@ def build_alfworld_prompt(task: str, observation: str, admissible_actions: Seque
     """The user message of one ALFWorld step; `templates`: (first turn, with history), ALFWorld's
     unless given (the toy envs pass theirs). task: shown by the template with history only (on
     the first turn it is part of ALFWorld's observation); history: every past turn."""
-    _check_memory_len(memory_len)
+    check_memory_len(memory_len)
     no_history, with_history = templates
     actions = format_actions(admissible_actions)
     if not history or memory_len == 0:
@@ -211,7 +206,7 @@ def build_webshop_prompt(task: str, observation: str, admissible_actions: Sequen
                          history: Sequence[Turn] = (), memory_len: int = 2) -> str:
     """The user message of one WebShop step (raw observations in; the module docstring says how
     they are shown)."""
-    _check_memory_len(memory_len)
+    check_memory_len(memory_len)
     actions = "\n".join(f"'{a}'," for a in admissible_actions)
     current = format_observation(observation, task)
     if not history or memory_len == 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hgpo_jax.agents.base import Turn
+from hgpo_jax.agents.base import Turn, check_memory_len
 
 ALFWORLD_INTRO = "You are an expert agent operating in the ALFRED Embodied Environment."
 SYSTEM_INTRO = ALFWORLD_INTRO  # older name, kept for importers
@@ -66,8 +66,7 @@ def build_prompt(task: str, observation: str, admissible_actions: Sequence[str],
     with no history, or memory_len 0, the template without history is used). 'help' is left out
     of the admissible actions.
     """
-    if memory_len < 0:
-        raise ValueError(f"memory_len must be >= 0, got {memory_len}")
+    check_memory_len(memory_len)
     actions = format_actions(admissible_actions)
     if not history or memory_len == 0:
         return TEMPLATE_NO_HISTORY.format(intro=intro, current_observation=observation,

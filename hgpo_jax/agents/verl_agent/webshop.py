@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hgpo_jax.agents.base import Turn
+from hgpo_jax.agents.base import Turn, check_memory_len
 from hgpo_jax.agents.verl_agent.alfworld import format_memory
 from hgpo_jax.agents.verl_agent.projection import project_action
 from hgpo_jax.envs.webshop.prompts import format_observation
@@ -52,8 +52,7 @@ TEMPLATE_WITH_HISTORY = (
 def build_prompt(task: str, observation: str, admissible: Sequence[str],
                  history: Sequence[Turn] = (), memory_len: int = 2) -> str:
     """The user message for one step (raw observations in; see the module docstring)."""
-    if memory_len < 0:
-        raise ValueError(f"memory_len must be >= 0, got {memory_len}")
+    check_memory_len(memory_len)
     actions = "\n".join(f"'{a}'," for a in admissible)
     current = format_observation(observation, task)
     no_history = TEMPLATE_NO_HISTORY.format(task_description=task, current_observation=current,
