@@ -176,7 +176,8 @@ def collect(out: str) -> dict:
             records.append(json.load(f))
     labels = sorted({r["label"] for r in records})
     lines = ["| variant | seed | machine | held-out first third | last third | **change** | >= +0.15 "
-             "| warm start: inadmissible actions | wall (sft + train) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| held-out at the last iteration | warm start: inadmissible actions | wall (sft + train) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     per_label = {}
     for label in labels:
         rows = sorted((r for r in records if r["label"] == label), key=lambda r: r["seed"])
@@ -189,7 +190,8 @@ def collect(out: str) -> dict:
                 x for x in (r["cpu"], f"{r['cores']} cores", r.get("software")) if x)
             machine += f", XLA_FLAGS={r['xla_flags']}" if r["xla_flags"] else ""
             lines.append(f"| {label} | {r['seed']} | {machine} | {first:.3f} | {last:.3f} | **{change:+.3f}** | "
-                         f"{'yes' if change >= NEED else 'no'} | {'' if ws is None else f'{ws:.1%}'} | "
+                         f"{'yes' if change >= NEED else 'no'} | {r['eval'][-1]:.3f} ({round(48 * r['eval'][-1])}/48) | "
+                         f"{'' if ws is None else f'{ws:.1%}'} | "
                          f"{wall(r)} |")
         per_label[label] = {"seeds": [r["seed"] for r in rows], "changes": changes,
                             "min_change": min(changes), "mean_change": float(np.mean(changes)),
@@ -221,15 +223,20 @@ def plot(records: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     labels = sorted({r["label"] for r in records})
-    fig, axes = plt.subplots(1, len(labels), figsize=(4.5 * len(labels), 3.6), sharey=True, squeeze=False)
-    for ax, label in zip(axes[0], labels):
+    cols = min(4, len(labels))
+    rows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(labels):]:
+        ax.axis("off")
+    for ax, label in zip(axes.flat, labels):
         for r in sorted((r for r in records if r["label"] == label), key=lambda r: r["seed"]):
             ax.plot(np.arange(1, len(r["eval"]) + 1), r["eval"], label=f"seed {r['seed']}", lw=1.2)
         ax.set_title(label)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel(f"held-out success ({SPLIT}, 48 tasks)")
+    for row in axes:
+        row[0].set_ylabel(f"held-out success ({SPLIT}, 48 tasks)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
