@@ -4,6 +4,7 @@ device it ran on. A benchmark: nothing is asserted.
     python experiments/bench_iteration.py --shape tiny --min-prompt-tokens 1024      # ALFWorld, CPU
     python experiments/bench_iteration.py --shape tiny --env webshop --min-prompt-tokens 1024
     python experiments/bench_iteration.py --shape 1.5b --min-prompt-tokens 1536 --json out.json  # 1 GPU
+    python experiments/bench_iteration.py --shape qwen3-1.7b --min-prompt-tokens 1536 --json out.json
     python experiments/bench_iteration.py --shape tiny rollout.num_groups=2 env.max_steps=3    # key=value
 
 What runs: `Trainer.run_iteration` of the paper config (`--env alfworld`:
@@ -12,8 +13,8 @@ hgpo_k2_alfworld_qwen2.5_1.5b, 16 groups x 8 envs, up to 50 steps, memory H = 2,
 engine, on one device (mesh 1 x 1 x 1), with a random-weight model of `--shape`:
 - tiny: 2 layers, hidden 64, vocab 1024 (hgpo_jax.models.local's "tiny" size), float32 compute;
 - 1.5b: Qwen2.5-1.5B's architecture (vocab 151,936), the config's fp32 master weights and bf16
-  compute.
-Both use the small byte-level BPE of `hgpo_jax.models.tiny` (trained offline in a second, word
+  compute; qwen3-1.7b: Qwen3-1.7B's (the same config, another family: docs/models.md).
+All use the small byte-level BPE of `hgpo_jax.models.tiny` (trained offline in a second, word
 pre-splitting like Qwen's) with Qwen2.5's chat template: it only sets the lengths. The folder is
 built once (`--model-dir`, default `$HGPO_JAX_CACHE/models/bench-<shape>-v1`).
 Random weights reply with garbage: every action is invalid, so every episode runs to the step
@@ -60,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hgpo_jax.config import load_config
-from hgpo_jax.models.config import Qwen2Config
+from hgpo_jax.models.config import DecoderConfig
 from hgpo_jax.rl.batching import TokenRows
 from hgpo_jax.rl.rollout import Policy
 from hgpo_jax.rl.sampling import batch_bucket, new_tokens_bucket, prompt_bucket
@@ -71,7 +72,9 @@ MODEL_VERSION = 1  # bump when the shapes or the tokenizer change: older cached 
 SHAPE_OVERRIDES = {  # applied before the command line's key=value overrides
     "tiny": ["model.dtype=float32", "model.compute_dtype=float32"],
     "1.5b": [],  # the paper config's: fp32 master weights, bf16 compute
+    "qwen3-1.7b": [],  # Qwen3-1.7B's architecture (q/k norms, head_dim 128) in the same config
 }
+PRESET_SHAPES = {"1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "qwen3-1.7b": "Qwen/Qwen3-1.7B"}
 ONE_DEVICE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]
 # Known dense 16-bit peaks per device: (substring of jax's device_kind, FLOP/s, bytes/s).
 KNOWN_PEAKS = (("H200", 989e12, 4.8e12), ("H100 PCIe", 756e12, 2.0e12),
@@ -80,18 +83,18 @@ ENV_STEP_SHARE_LIMIT = 0.15  # env steps above this share of the rollout: overla
 
 
 # --------------------------------------------------------------------------- the model
-def shape_config(shape: str, vocab_size: int, eos_token_id: int) -> Qwen2Config:
+def shape_config(shape: str, vocab_size: int, eos_token_id: int) -> DecoderConfig:
     """The architecture of `--shape` (tiny: the local "tiny" size with `vocab_size` tokens)."""
     if shape == "tiny":
         from hgpo_jax.models.local import model_config
 
         return model_config("tiny", vocab_size, eos_token_id)
-    if shape == "1.5b":
+    if shape in PRESET_SHAPES:
         from hgpo_jax.trainers.plan import PRESETS
 
-        return dataclasses.replace(PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], eos_token_id=eos_token_id,
+        return dataclasses.replace(PRESETS[PRESET_SHAPES[shape]], eos_token_id=eos_token_id,
                                    extra={})
-    raise ValueError(f"unknown shape {shape!r}; use tiny or 1.5b")
+    raise ValueError(f"unknown shape {shape!r}; use tiny, {', '.join(PRESET_SHAPES)}")
 
 
 def build_model_folder(folder: str, shape: str, seed: int = 0) -> str:
@@ -102,7 +105,7 @@ def build_model_folder(folder: str, shape: str, seed: int = 0) -> str:
     from flax import nnx
 
     from hgpo_jax.models.hf_io import save_pretrained
-    from hgpo_jax.models.qwen2 import Qwen2ForCausalLM
+    from hgpo_jax.models.decoder import CausalLM
     from hgpo_jax.models.tiny import train_tiny_tokenizer
     from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
 
@@ -110,8 +113,8 @@ def build_model_folder(folder: str, shape: str, seed: int = 0) -> str:
     tokenizer.hf.chat_template = QWEN2_5_CHAT_TEMPLATE
     config = shape_config(shape, max(1024, tokenizer.vocab_size), tokenizer.end_of_turn_id)
     store = "float32" if shape == "tiny" else "bfloat16"  # random weights: bf16 halves the file
-    print(f"building a random {shape} Qwen2 in {folder} ...", flush=True)
-    model = Qwen2ForCausalLM(config, param_dtype=store, rngs=nnx.Rngs(seed))
+    print(f"building a random {shape} {config.model_type} in {folder} ...", flush=True)
+    model = CausalLM(config, param_dtype=store, rngs=nnx.Rngs(seed))
     save_pretrained(model, folder, tokenizer=tokenizer, dtype=store)
     return folder
 
@@ -123,14 +126,14 @@ def default_model_dir(shape: str) -> str:
 
 
 # --------------------------------------------------------------------------- cost formulas
-def matmul_weights(cfg: Qwen2Config) -> int:
+def matmul_weights(cfg: DecoderConfig) -> int:
     """Weights each token is multiplied by in the decoder layers (q, k, v, o, gate, up, down)."""
     D, hd, H, K, I = (cfg.hidden_size, cfg.head_size, cfg.num_attention_heads,
                       cfg.num_key_value_heads, cfg.intermediate_size)
     return cfg.num_hidden_layers * (D * H * hd + 2 * D * K * hd + H * hd * D + 3 * D * I)
 
 
-def attention_flops(cfg: Qwen2Config, pairs: float) -> float:
+def attention_flops(cfg: DecoderConfig, pairs: float) -> float:
     """Scores and weighted sum for `pairs` (query, key) pairs: 4 x layers x heads x head_dim each."""
     return 4.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_size * pairs
 
@@ -141,7 +144,7 @@ def causal_pairs(lengths) -> float:
     return float((t * (t + 1) / 2).sum())
 
 
-def forward_flops(cfg: Qwen2Config, lengths, head_positions: float) -> float:
+def forward_flops(cfg: DecoderConfig, lengths, head_positions: float) -> float:
     """One forward over rows of `lengths` tokens (causal), projecting `head_positions` positions
     on the vocabulary: 2 x matmul weights x tokens + attention + 2 x hidden x vocab per position."""
     tokens = float(np.sum(lengths))
@@ -149,12 +152,12 @@ def forward_flops(cfg: Qwen2Config, lengths, head_positions: float) -> float:
             + 2.0 * cfg.hidden_size * cfg.vocab_size * head_positions)
 
 
-def kv_bytes_per_token(cfg: Qwen2Config, itemsize: int) -> int:
+def kv_bytes_per_token(cfg: DecoderConfig, itemsize: int) -> int:
     """KV cache bytes of one token: keys and values of every layer's kv heads."""
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_size * itemsize
 
 
-def decode_steps(cfg: Qwen2Config, prompt_lens, response_lens, weight_bytes: float,
+def decode_steps(cfg: DecoderConfig, prompt_lens, response_lens, weight_bytes: float,
                  kv_itemsize: int) -> tuple[np.ndarray, np.ndarray]:
     """(FLOPs [S], bytes [S]) of the S = max(response) - 1 decode steps of one generate call (its
     first token comes from the prefill). At step s a row with more than s tokens is running: it
@@ -342,7 +345,7 @@ class Phase:
         return self.bound / self.wall if self.bound is not None and self.wall > 0 else None
 
 
-def sampler_phases(cfg: Qwen2Config, calls: list[dict], generate_s: float, peaks: dict,
+def sampler_phases(cfg: DecoderConfig, calls: list[dict], generate_s: float, peaks: dict,
                    weight_bytes: float, kv_itemsize: int) -> list[Phase]:
     """compile, prefill and decode rows (or one generate row) of the rollout's generate calls;
     generate_s: the rollout's wall seconds in generate (the rows add up to it)."""
@@ -380,7 +383,7 @@ def sampler_phases(cfg: Qwen2Config, calls: list[dict], generate_s: float, peaks
     return rows
 
 
-def forward_phase(name: str, cfg: Qwen2Config, calls: list[dict], peaks: dict,
+def forward_phase(name: str, cfg: DecoderConfig, calls: list[dict], peaks: dict,
                   factor: float = 1.0) -> Phase:
     """A phase of batched forwards (x `factor`: 3 for a train step, 4 with remat)."""
     lengths = [n for c in calls for n in c["lengths"]]

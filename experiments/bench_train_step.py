@@ -26,8 +26,8 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
-from hgpo_jax.models import Qwen2Config, make_mesh  # noqa: E402
-from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, resolve_attention  # noqa: E402
+from hgpo_jax.models import DecoderConfig, make_mesh  # noqa: E402
+from hgpo_jax.models.decoder import CausalLM, resolve_attention  # noqa: E402
 from hgpo_jax.trainers.plan import PRESETS  # noqa: E402
 from hgpo_jax.rl.batching import PolicyRows  # noqa: E402
 from hgpo_jax.rl.ppo import LossConfig, make_train_step  # noqa: E402
@@ -37,10 +37,10 @@ from hgpo_jax.rl.sampling import Sampler  # noqa: E402
 SHAPES = {"1.5b": PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], "7b": PRESETS["Qwen/Qwen2.5-7B-Instruct"]}
 
 
-def shape_config(name: str) -> Qwen2Config:
+def shape_config(name: str) -> DecoderConfig:
     if name == "bench":
         from bench_common import BENCH_SHAPE
-        return Qwen2Config(**BENCH_SHAPE)
+        return DecoderConfig(**BENCH_SHAPE)
     if name.startswith("local-"):  # the models built here (`build:alfworld-<size>`: 4,096 tokens)
         from hgpo_jax.models.local import model_config
         return model_config(name[len("local-"):], 4096, 2)
@@ -59,7 +59,7 @@ def random_minibatch(rows: int, seq: int, vocab: int, response: int, seed: int =
                       ref_logp=np.full((rows, seq), -2.0, np.float32))
 
 
-def model_flops_per_token(cfg: Qwen2Config, n_params: int, seq: int) -> float:
+def model_flops_per_token(cfg: DecoderConfig, n_params: int, seq: int) -> float:
     """Training FLOPs per token: 6 N plus causal attention's 6 x layers x seq x hidden."""
     return 6.0 * n_params + 6.0 * cfg.num_hidden_layers * seq * cfg.hidden_size
 
@@ -74,7 +74,7 @@ def time_calls(fn, repeats: int) -> list[float]:
 
 
 def bench_variant(cfg, scan: bool, attention: str, args, mesh, window: int | None = None) -> dict:
-    model = Qwen2ForCausalLM(cfg, dtype=args.compute_dtype, param_dtype=args.dtype,
+    model = CausalLM(cfg, dtype=args.compute_dtype, param_dtype=args.dtype,
                              rngs=nnx.Rngs(0), remat=bool(args.remat), scan_layers=scan, attention=attention,
                              batch_mesh=mesh)
     graphdef, params = nnx.split(model, nnx.Param)

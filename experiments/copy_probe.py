@@ -42,12 +42,12 @@ def probe(theta: float, args) -> list[dict]:
     import optax
     from flax import nnx
 
-    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from hgpo_jax.models import DecoderConfig, CausalLM
 
-    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=128, intermediate_size=352,
+    cfg = DecoderConfig(vocab_size=args.vocab, hidden_size=128, intermediate_size=352,
                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                       rope_theta=theta, max_position_embeddings=8192)
-    graphdef, params = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(args.seed)), nnx.Param)
+    graphdef, params = nnx.split(CausalLM(cfg, rngs=nnx.Rngs(args.seed)), nnx.Param)
     tx = optax.adamw(args.lr)
     opt = tx.init(params)
 

@@ -10,7 +10,7 @@ Each grid point builds a fresh `Sampler` (its own compile), generates once to co
 time, and keeps the faster `decode_s` over the new tokens after the first. The bound reads every
 weight once in bf16 plus every cache slot (prompt bucket + new tokens; the decode attends over all
 of them) at --peak-bw (H200: 4.8 TB/s). `--no-cast` runs the sampler without its once-per-call
-conversion of the weights to the compute dtype (`hgpo_jax.models.qwen2.cast_to_compute`), as it
+conversion of the weights to the compute dtype (`hgpo_jax.models.decoder.cast_to_compute`), as it
 ran before that was added: the A/B of docs/training.md ("Decode on the H200").
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_train_step import shape_config  # noqa: E402
 
 import hgpo_jax.rl.sampling as sampling  # noqa: E402
-from hgpo_jax.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
+from hgpo_jax.models.decoder import CausalLM  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:
@@ -47,7 +47,7 @@ def main(argv=None) -> list[dict]:
     if args.no_cast:
         sampling.cast_to_compute = lambda model: model
     cfg = shape_config(args.shape)
-    model = Qwen2ForCausalLM(cfg, dtype="bfloat16", param_dtype=args.param_dtype,
+    model = CausalLM(cfg, dtype="bfloat16", param_dtype=args.param_dtype,
                              rngs=nnx.Rngs(0), scan_layers=True)
     weight_bytes = 2 * sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     out = []

@@ -227,7 +227,7 @@ class LossOptions(Options):
 @dataclass
 class CriticOptions(Options):
     """The `critic` section: the value model of an algorithm with a critic (`ppo`;
-    docs/training.md): a Qwen2 with value heads, started from the policy's weights, with its own
+    docs/training.md): the policy's decoder with value heads, started from its weights, with its own
     AdamW (verl-agent's PPO baseline values). `hgpo_jax.config.CriticConfig` is this class."""
 
     lr: float = 1e-5  # critic learning rate (the paper's PPO runs)

@@ -1,8 +1,9 @@
-"""Models built for an environment: `model.path=build:<env>-<size>[@<agent>]` (and `tiny`),
-resolved to a model folder, built once into the cache.
+"""Models built for an environment: `model.path=build:<env>-<size>[@<agent>][/<family>]` (and
+`tiny`), resolved to a model folder, built once into the cache.
 
     folder = resolve_model_path("build:alfworld-base")   # $HGPO_JAX_CACHE/models/alfworld-base-v1
     folder = resolve_model_path("build:toy-tiny@plan-execute")  # its text as that agent writes it
+    folder = resolve_model_path("build:toy-tiny/qwen3")  # a Qwen3 (default: qwen2; or llama)
 
 A recipe that needs an env and a model together, so it lives above both: the tokenizer
 (`hgpo_jax.models.local.train_tokenizer`) is trained on the env's own text, the (prompt,
@@ -20,7 +21,7 @@ import os
 import shutil
 import uuid
 
-from hgpo_jax.models.local import SIZES, build_model, train_tokenizer
+from hgpo_jax.models.local import FAMILY_SETTINGS, SIZES, build_model, train_tokenizer
 from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
 
 BUILD_PREFIX = "build:"
@@ -56,16 +57,27 @@ def env_corpus(env: str, agent: str | None = None) -> list[str]:
 
 def build_agent(path: str) -> str | None:
     """The agent after "@" in 'build:<env>-<size>@<agent>' (None: the default agent's text)."""
-    return path.partition("@")[2] or None
+    return path.partition("/")[0].partition("@")[2] or None
+
+
+def build_family(path: str) -> str:
+    """The model family after "/" in 'build:<env>-<size>[@<agent>]/<family>' (default qwen2)."""
+    family = path[len(BUILD_PREFIX):].partition("/")[2] or "qwen2"
+    if family not in FAMILY_SETTINGS:
+        raise ValueError(f"model.path {path!r}: no built models of family {family!r}; use one of "
+                         f"{', '.join(FAMILY_SETTINGS)} after '/' (e.g. build:toy-tiny/qwen3)")
+    return family
 
 
 def parse_build_spec(path: str) -> tuple[str, str]:
-    """'build:toy-small' (or 'build:toy-small@plan-execute') -> ('toy', 'small')."""
-    spec = path[len(BUILD_PREFIX):].partition("@")[0]
+    """'build:toy-small' (or 'build:toy-small@plan-execute', 'build:toy-small/llama') ->
+    ('toy', 'small')."""
+    spec = path[len(BUILD_PREFIX):].partition("/")[0].partition("@")[0]
     env, _, size = spec.rpartition("-")
     if env not in ENVS or size not in SIZES:
         raise ValueError(f"model.path {path!r}: expected build:<env>-<size> with env in {ENVS} and "
                          f"size in {sorted(SIZES)}, e.g. build:toy-small")
+    build_family(path)
     agent = build_agent(path)
     if agent is not None:
         from hgpo_jax.agents import agent_names
@@ -86,7 +98,7 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
     tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tokenizer = train_tokenizer(env_corpus(env, build_agent(path)), VOCAB[env])
-        build_model(tmp, tokenizer, size, seed=seed)
+        build_model(tmp, tokenizer, size, seed=seed, family=build_family(path))
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -112,16 +124,18 @@ def model_path_folder(path: str) -> str:
     if path.startswith(BUILD_PREFIX):
         env, size = parse_build_spec(path)
         agent = build_agent(path)
-        name = f"{env}-{size}" + (f"-{agent}" if agent else "")
+        family = build_family(path)
+        name = (f"{env}-{size}" + (f"-{agent}" if agent else "")
+                + (f"-{family}" if family != "qwen2" else ""))
         return os.path.join(cache_root(), "models", f"{name}-v{BUILD_VERSION}")
     return path
 
 
 def resolve_model_path(path: str) -> str:
     """A model folder (config.json + weights + tokenizer) for `model.path`:
-    'tiny' -> a tiny random Qwen2 built once in the cache; 'build:<env>-<size>' -> a Qwen2 of that
-    size with a tokenizer trained on the env's text, built once in the cache; anything else must
-    be an existing folder."""
+    'tiny' -> a tiny random Qwen2 built once in the cache; 'build:<env>-<size>[/<family>]' -> a
+    model of that size and family (default qwen2) with a tokenizer trained on the env's text, built
+    once in the cache; anything else must be an existing folder."""
     if path == "tiny":
         from hgpo_jax.models.tiny import build_tiny_pretrained
 
@@ -135,7 +149,7 @@ def resolve_model_path(path: str) -> str:
         folder = model_path_folder(path)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             print(f"building {path} (tokenizer trained on the {env} env's text, random "
-                  f"{size} Qwen2) in {folder} ...", flush=True)
+                  f"{size} {build_family(path)}) in {folder} ...", flush=True)
             build_for_env(path, folder)
         return folder
     if not os.path.isdir(path):

@@ -18,7 +18,8 @@
     hgpo-jax plan CONFIG [key=value ...]
         Compile the train step ahead of time for the config's mesh and print memory per device.
     hgpo-jax demo [--model DIR|RUN_DIR] [--prompt TEXT] [--max-new-tokens N] [--temperature T]
-        Build (or load) a Qwen2 checkpoint (a HF folder or a run's latest policy), decode a reply
+        Build (or load) a checkpoint (a HF folder of any supported family or a run's latest
+        policy), decode a reply
         to a chat prompt with the batched sampler (`hgpo_jax.rl.sampling.generate`; temperature 0,
         greedy, by default), and print it with timings. Without --model a tiny random Qwen2 is
         built locally.
@@ -127,9 +128,9 @@ def cmd_demo(args) -> int:
 
 
 def model_line(model) -> str:
-    """A Qwen2's shape in one line: layers, hidden size, heads, vocabulary, parameters."""
+    """A model's shape in one line: family, layers, hidden size, heads, vocabulary, parameters."""
     cfg = model.config
-    return (f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads "
+    return (f"{cfg.model_type}, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads "
             f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} kv, vocab {cfg.vocab_size}, "
             f"{model.num_params():,} parameters")
 
@@ -640,7 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "hgpo-jax export wrote, listed in its hgpo_jax_export.json)")
     ex.add_argument("--no-progress", action="store_true")
     ex.add_argument("--critic", action="store_true",
-                    help="export a ppo run's critic (transformers' Qwen2ForTokenClassification)")
+                    help="export a ppo or hiper run's critic (the family's transformers "
+                         "...ForTokenClassification, e.g. Qwen2ForTokenClassification)")
     ex.set_defaults(func=cmd_export)
     pl = sub.add_parser("plan", help="compile the train step and print memory per device")
     pl.add_argument("config")
@@ -657,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(func=cmd_plan)
     demo = sub.add_parser("demo", help="decode a reply to a prompt, or watch a run's policy "
                                        "play one episode (--episode)")
-    demo.add_argument("--model", help="HF Qwen2 folder or run folder (default: build a tiny "
+    demo.add_argument("--model", help="HF model folder or run folder (default: build a tiny "
                                       "random one); with --episode, a run folder")
     demo.add_argument("--prompt", help="the chat prompt (default: an ALFWorld-like request)")
     demo.add_argument("--max-new-tokens", type=int,

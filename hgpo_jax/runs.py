@@ -26,7 +26,7 @@ from hgpo_jax import distributed as dist
 from hgpo_jax.build import resolve_model_path
 from hgpo_jax.checkpoint import Checkpointer
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
-from hgpo_jax.models.qwen2 import relayout_layers
+from hgpo_jax.models.decoder import relayout_layers
 from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings, shard_params
 
 RUN_CONFIG = "config.yaml"
@@ -293,10 +293,10 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
 
 
 def load_run_critic(run_dir: str, progress: bool = False):
-    """(the critic of a PPO run folder's latest checkpoint as a Qwen2Critic, the tokenizer); as
+    """(the critic of a PPO run folder's latest checkpoint as a CriticModel, the tokenizer); as
     many value heads as the checkpoint's critic has."""
     from hgpo_jax.config import load_config
-    from hgpo_jax.models.qwen2 import critic_from_policy
+    from hgpo_jax.models.decoder import critic_from_policy
     from hgpo_jax.algo_specs import ALGORITHMS
     from hgpo_jax.rl.critic import critic_optimizer
 

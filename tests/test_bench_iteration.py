@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from hgpo_jax.models.config import Qwen2Config
+from hgpo_jax.models.config import DecoderConfig
 
 EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments")
 
@@ -23,7 +23,7 @@ def load_bench():
     return module
 
 
-CFG = Qwen2Config(vocab_size=100, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+CFG = DecoderConfig(vocab_size=100, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
                   num_attention_heads=2, num_key_value_heads=1)
 
 

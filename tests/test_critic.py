@@ -12,7 +12,7 @@ import torch
 from hf_models import TINY_SHAPES, build_hf_model
 from transformers import AutoModelForTokenClassification
 
-from hgpo_jax.models import Qwen2Critic, load_pretrained, save_pretrained
+from hgpo_jax.models import CriticModel, load_pretrained, save_pretrained
 
 
 def test_critic_from_a_causal_lm_folder_exports_as_token_classification(tmp_path):
@@ -26,7 +26,7 @@ def test_critic_from_a_causal_lm_folder_exports_as_token_classification(tmp_path
             warnings.simplefilter("error")  # an unused lm_head.weight is expected, not warned about
             critic = load_pretrained(src, critic=True, seed=3)
         policy = load_pretrained(src)
-        assert isinstance(critic, Qwen2Critic) and critic.lm_head is None
+        assert isinstance(critic, CriticModel) and critic.lm_head is None
         np.testing.assert_array_equal(np.asarray(critic.model.embed_tokens.embedding[...]),
                                       np.asarray(policy.model.embed_tokens.embedding[...]))
         kernel, bias = np.asarray(critic.score.kernel[...]), np.asarray(critic.score.bias[...])
@@ -143,12 +143,12 @@ def test_token_values_read_the_state_before_each_response_token():
     t = 0), kept for t <= L; the gradient step lowers the value loss."""
     from flax import nnx
 
-    from hgpo_jax.models import Qwen2Config
+    from hgpo_jax.models import DecoderConfig
     from hgpo_jax.rl.batching import CriticRows
     from hgpo_jax.rl.critic import make_critic_step, make_value_fn, token_values, window_masks
     from hgpo_jax.rl.update import make_optimizer
 
-    critic = Qwen2Critic(Qwen2Config(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(1))
+    critic = CriticModel(DecoderConfig(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(1))
     b, rewards, _, L, _, value_mask = random_rows(0, window=6)
     ids, att, rm = (jnp.asarray(x) for x in (b.input_ids, b.attention_mask, b.response_mask))
     full = np.asarray(critic(ids, attention_mask=att))                     # [S, L] per position
@@ -179,11 +179,11 @@ def test_token_values_read_the_state_before_each_response_token():
 def test_critic_from_policy_copies_the_backbone_and_adds_a_head():
     from flax import nnx
 
-    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
-    from hgpo_jax.models.qwen2 import critic_from_policy
+    from hgpo_jax.models import DecoderConfig, CausalLM
+    from hgpo_jax.models.decoder import critic_from_policy
 
     for scan in (False, True):
-        policy = Qwen2ForCausalLM(Qwen2Config(**TINY_SHAPES["untied_gqa1"]), rngs=nnx.Rngs(0),
+        policy = CausalLM(DecoderConfig(**TINY_SHAPES["untied_gqa1"]), rngs=nnx.Rngs(0),
                                   scan_layers=scan, remat=True)
         critic = critic_from_policy(policy, seed=5)
         assert critic.scan_layers == scan and critic.remat and critic.lm_head is None

@@ -1,4 +1,4 @@
-"""A critic of several value heads (`Qwen2Critic(num_heads=H)`): values [..., H], the loss as the
+"""A critic of several value heads (`CriticModel(num_heads=H)`): values [..., H], the loss as the
 sum of each head's clipped value loss, the Hugging Face round trip with num_labels=H
 (transformers' Qwen2ForTokenClassification as the reference), the critic rows' head axis, and an
 update step; with one head everything is as it was."""
@@ -17,9 +17,9 @@ from transformers import AutoModelForTokenClassification
 from transformers import Qwen2Config as HFQwen2Config
 from transformers import Qwen2ForTokenClassification
 
-from hgpo_jax.models import Qwen2Config, Qwen2Critic, Qwen2ForCausalLM, load_pretrained, save_pretrained
+from hgpo_jax.models import DecoderConfig, CriticModel, CausalLM, load_pretrained, save_pretrained
 from hgpo_jax.models.hf_io import CheckpointError
-from hgpo_jax.models.qwen2 import critic_from_policy
+from hgpo_jax.models.decoder import critic_from_policy
 from hgpo_jax.rl.batching import CriticRows, gather_rows, pack_rows
 from hgpo_jax.rl.critic import critic_value_loss, make_value_fn, token_values, value_loss, window_masks
 
@@ -37,8 +37,8 @@ def tiny_rows(seed=0, window=WINDOW, rows=6):
 
 
 def test_three_heads_give_values_per_head_and_head_0_is_a_one_head_critic():
-    one = Qwen2Critic(Qwen2Config(**SHAPE), rngs=nnx.Rngs(1))
-    three = Qwen2Critic(Qwen2Config(**SHAPE), rngs=nnx.Rngs(2), num_heads=3)
+    one = CriticModel(DecoderConfig(**SHAPE), rngs=nnx.Rngs(1))
+    three = CriticModel(DecoderConfig(**SHAPE), rngs=nnx.Rngs(2), num_heads=3)
     assert three.score.kernel.shape == (SHAPE["hidden_size"], 3) and three.score.bias.shape == (3,)
     nnx.update(three.model, nnx.state(one.model))          # the same backbone
     kernel = np.asarray(three.score.kernel[...]).copy()
@@ -65,7 +65,7 @@ def test_three_heads_give_values_per_head_and_head_0_is_a_one_head_critic():
 
 
 def test_critic_from_policy_with_one_head_draws_todays_head_and_with_three_a_wider_one():
-    policy = Qwen2ForCausalLM(Qwen2Config(**SHAPE), rngs=nnx.Rngs(0))
+    policy = CausalLM(DecoderConfig(**SHAPE), rngs=nnx.Rngs(0))
     D = SHAPE["hidden_size"]
     one, default = critic_from_policy(policy, seed=5, num_heads=1), critic_from_policy(policy, seed=5)
     today = (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(5), (D, 1), jnp.float32)))
@@ -78,7 +78,7 @@ def test_critic_from_policy_with_one_head_draws_todays_head_and_with_three_a_wid
     assert np.ptp(np.asarray(three.score.kernel[...]), axis=0).min() > 0   # the heads differ
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="num_heads >= 1"):
-            Qwen2Critic(Qwen2Config(**SHAPE), num_heads=bad)
+            CriticModel(DecoderConfig(**SHAPE), num_heads=bad)
 
 
 def test_the_loss_of_h_heads_is_the_sum_of_each_heads_value_loss():
@@ -140,7 +140,7 @@ def test_hf_round_trip_with_three_labels(tmp_path):
             p.normal_(0.0, 0.08)
     hf.save_pretrained(tmp_path / "hf3")
     ours = load_pretrained(tmp_path / "hf3", critic=True)
-    assert isinstance(ours, Qwen2Critic) and ours.num_heads == 3
+    assert isinstance(ours, CriticModel) and ours.num_heads == 3
     values = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     m3 = mask[..., None]
     np.testing.assert_allclose(values * m3, _hf_values(hf, ids, mask) * m3, atol=2e-5)
@@ -210,7 +210,7 @@ def test_a_three_head_critic_built_on_a_mesh_lowers_each_heads_loss(tmp_path):
 
     cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}", "critic.lr=1e-2"])
     mesh = make_mesh(2, 1, 1)
-    policy = Qwen2ForCausalLM(Qwen2Config(**SHAPE), rngs=nnx.Rngs(0), batch_mesh=mesh)
+    policy = CausalLM(DecoderConfig(**SHAPE), rngs=nnx.Rngs(0), batch_mesh=mesh)
     critic, state = Critic.build(cfg, policy, mesh, num_micro=2, seed=3, num_heads=3)
     assert critic.num_heads == 3
     b = tiny_rows(rows=8)
@@ -255,11 +255,11 @@ def test_plan_sizes_a_critic_of_three_heads():
 
     cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}"])
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    model_cfg = Qwen2Config(**SHAPE)
+    model_cfg = DecoderConfig(**SHAPE)
     M, L = cfg.train.mini_batch_size, 16 + WINDOW
     got = plan_critic(cfg, model_cfg, mesh, "einsum",
                       _sharded(CriticRows.spec(M, L, window=WINDOW, num_heads=3), mesh), num_heads=3)
-    one = nnx.state(nnx.eval_shape(lambda: Qwen2Critic(model_cfg)), nnx.Param)
+    one = nnx.state(nnx.eval_shape(lambda: CriticModel(model_cfg)), nnx.Param)
     one_count = sum(math.prod(x.shape) for x in jax.tree.leaves(one))
     assert got["critic_params"] == one_count + 2 * (SHAPE["hidden_size"] + 1)
     assert got["critic_step_bytes"] > 0

@@ -14,7 +14,7 @@ from flax import nnx
 from hf_models import TINY_SHAPES, build_hf_model, hf_logits, load_hf
 from jax.sharding import PartitionSpec as P
 
-from hgpo_jax.models import (CheckpointError, ConfigError, KVCache, Qwen2Config, SafetensorsError,
+from hgpo_jax.models import (CheckpointError, ConfigError, KVCache, DecoderConfig, SafetensorsError,
                              load_pretrained, make_mesh, save_pretrained)
 from hgpo_jax.models.hf_io import flax_path_to_hf
 from hgpo_jax.models.safetensors_io import SafetensorsFile, write_safetensors
@@ -140,7 +140,7 @@ def test_last_only_prefill_gives_the_last_slot_and_the_same_cache(hf_model_dir):
 
 
 def test_explicit_positions_override_the_default():
-    cfg = Qwen2Config(**{k: v for k, v in TINY_SHAPES["tied_gqa2"].items()})
+    cfg = DecoderConfig(**{k: v for k, v in TINY_SHAPES["tied_gqa2"].items()})
     model = load_or_init(cfg)
     ids = random_ids(cfg.vocab_size, (1, 6))
     default = flax_logits(model, ids)
@@ -154,8 +154,8 @@ def test_explicit_positions_override_the_default():
 
 
 def load_or_init(cfg):
-    from hgpo_jax.models import Qwen2ForCausalLM
-    return Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(3))
+    from hgpo_jax.models import CausalLM
+    return CausalLM(cfg, rngs=nnx.Rngs(3))
 
 
 # ------------------------------------------------------------------------------------- export
@@ -294,7 +294,7 @@ def test_load_into_mesh_shards_weights_and_keeps_logits():
 
 
 def test_partition_rules_cover_every_parameter_and_fit_the_mesh():
-    cfg = Qwen2Config(**TINY_SHAPES["untied_gqa6_odd"])
+    cfg = DecoderConfig(**TINY_SHAPES["untied_gqa6_odd"])
     from hgpo_jax.models.hf_io import abstract_model
     _, flat = abstract_model(cfg)
     for fpath, _ in flat:
@@ -317,15 +317,15 @@ def test_config_reads_both_hf_layouts():
            "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
            "rope_scaling": None, "use_sliding_window": False, "sliding_window": 32768,
            "max_window_layers": 21, "eos_token_id": 151645, "bos_token_id": 151643}
-    cfg = Qwen2Config.from_hf_dict(old)
-    assert cfg == Qwen2Config(eos_token_id=151645, bos_token_id=151643)  # the 1.5B defaults
+    cfg = DecoderConfig.from_hf_dict(old)
+    assert cfg == DecoderConfig(eos_token_id=151645, bos_token_id=151643)  # the 1.5B defaults
     assert cfg.head_size == 128 and cfg.rope_theta == 1e6
     new = cfg.to_hf_dict("bfloat16")
     assert new["rope_parameters"] == {"rope_theta": 1e6, "rope_type": "default"}
     assert new["dtype"] == "bfloat16" and "torch_dtype" not in new
     assert new["max_window_layers"] == 21  # unknown keys survive the round trip
-    assert Qwen2Config.from_hf_dict(new) == cfg
-    hashed = Qwen2Config.from_hf_dict({**old, "eos_token_id": [1, 2]})
+    assert DecoderConfig.from_hf_dict(new) == cfg
+    hashed = DecoderConfig.from_hf_dict({**old, "eos_token_id": [1, 2]})
     assert hash(hashed) and hashed.eos_token_ids == [1, 2]
 
 
@@ -356,11 +356,11 @@ def test_missing_folder_or_files_are_named(tmp_path, good_dir):
 
 
 def test_other_architecture_and_unsupported_options_are_refused(good_dir):
-    edit_config(good_dir, model_type="llama", architectures=["LlamaForCausalLM"])
-    with pytest.raises(ConfigError, match="model_type is 'llama'"):
+    edit_config(good_dir, model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported"):
         load_pretrained(good_dir)
     edit_config(good_dir, model_type="qwen2", rope_scaling={"type": "yarn", "factor": 4.0})
-    with pytest.raises(ConfigError, match="RoPE scaling"):
+    with pytest.raises(ConfigError, match="RoPE of type 'yarn'"):
         load_pretrained(good_dir)
     edit_config(good_dir, rope_scaling=None, num_key_value_heads=3)
     with pytest.raises(ConfigError, match="multiple of num_key_value_heads"):

@@ -6,25 +6,31 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from hf_models import TINY_SHAPES
+from hf_models import FAMILY_SHAPES, TINY_SHAPES
 
-from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
+from hgpo_jax.models import DecoderConfig, CausalLM, make_mesh
 from hgpo_jax.rl.batching import PolicyRows, gather_rows, minibatch_indices, pack_rows
 from hgpo_jax.rl.ppo import LossConfig, make_train_step
 from hgpo_jax.rl.update import (init_opt_state, make_logprob_fn, make_optimizer, param_shardings,
                                 shard_params, token_logprobs)
 
-CFG = Qwen2Config(**TINY_SHAPES["untied_gqa1"])  # 4 kv heads: tensor=2 splits every weight
+CFG = DecoderConfig(**TINY_SHAPES["untied_gqa1"])  # 4 kv heads: tensor=2 splits every weight
+# The other families at shapes whose heads tensor=2 splits: Qwen3 (q/k norms, head_dim 8 of a
+# hidden 32) and Llama with every bias.
+FAMILY_CFGS = {"qwen2": CFG} | {
+    name.split("_")[0]: DecoderConfig.from_hf_dict({"model_type": FAMILY_SHAPES[name][0],
+                                                   **FAMILY_SHAPES[name][1]})
+    for name in ("qwen3_tied_gqa2", "llama_untied_hd24_gqa1_bias")}
 
 
-def tiny_model(seed=0):
-    return Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(seed))
+def tiny_model(seed=0, cfg=CFG):
+    return CausalLM(cfg, rngs=nnx.Rngs(seed))
 
 
-def random_batch(rows=8, seed=0):
+def random_batch(rows=8, seed=0, vocab=CFG.vocab_size):
     rng = np.random.RandomState(seed)
-    prompts = [list(rng.randint(0, CFG.vocab_size, rng.randint(3, 12))) for _ in range(rows)]
-    responses = [list(rng.randint(0, CFG.vocab_size, rng.randint(1, 8))) for _ in range(rows)]
+    prompts = [list(rng.randint(0, vocab, rng.randint(3, 12))) for _ in range(rows)]
+    responses = [list(rng.randint(0, vocab, rng.randint(1, 8))) for _ in range(rows)]
     adv = rng.randn(rows).astype(np.float32)
     return pack_rows(prompts, responses, adv, length_multiple=16)
 
@@ -223,8 +229,8 @@ def test_token_entropy_gradient_equals_the_full_logits():
     jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-4), g0, g1)
 
 
-def setup_step(mesh=None, lr=1e-3, num_micro=2):
-    model = tiny_model()
+def setup_step(mesh=None, lr=1e-3, num_micro=2, cfg=CFG):
+    model = tiny_model(cfg=cfg)
     model.batch_mesh = mesh  # as load_pretrained(mesh=...) sets it: activations split by batch
     graphdef, params = nnx.split(model, nnx.Param)
     params = shard_params(params, mesh)
@@ -308,23 +314,27 @@ def test_nonfinite_loss_skips_the_update():
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.tree.map(np.asarray, params)))
 
 
-def test_sharded_step_equals_single_device():
-    """mesh data=2, fsdp=2, tensor=2 over 8 host devices: same loss and parameters as 1 device."""
+@pytest.mark.parametrize("family", sorted(FAMILY_CFGS))
+def test_sharded_step_equals_single_device(family):
+    """Two devices (fsdp=2) and mesh data=2, fsdp=2, tensor=2 over 8 host devices: the same loss
+    and parameters as 1 device, for every model family."""
     assert len(jax.devices()) == 8
-    batch = random_batch(8)
+    cfg = FAMILY_CFGS[family]
+    batch = random_batch(8, vocab=cfg.vocab_size)
     results = []
-    for mesh in (None, make_mesh(data=2, fsdp=2, tensor=2)):
-        graphdef, params, opt_state, step, logprob = setup_step(mesh)
+    for mesh in (None, make_mesh(fsdp=2), make_mesh(data=2, fsdp=2, tensor=2)):
+        graphdef, params, opt_state, step, logprob = setup_step(mesh, cfg=cfg)
         mb = minibatch(logprob, params, batch)
         for _ in range(2):
             params, opt_state, m = step(params, opt_state, mb)
         if mesh is not None:
             q = params["model"]["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
-            assert len(q.sharding.device_set) == 8 and not q.sharding.is_fully_replicated
+            assert len(q.sharding.device_set) == mesh.size and not q.sharding.is_fully_replicated
         results.append((float(m["train/loss"]), jax.tree.map(np.asarray, params)))
-    (loss1, p1), (loss8, p8) = results
-    assert abs(loss1 - loss8) <= 1e-5 * max(1.0, abs(loss1))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), p1, p8)
+    loss1, p1 = results[0]
+    for loss_n, p_n in results[1:]:
+        assert abs(loss1 - loss_n) <= 1e-5 * max(1.0, abs(loss1))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), p1, p_n)
 
 
 def test_optimizer_schedules():
@@ -344,7 +354,7 @@ def test_remat_changes_no_value_or_gradient():
     ids, mask = jnp.asarray(b.input_ids), jnp.asarray(b.attention_mask)
     results = []
     for remat in (False, True):
-        graphdef, params = nnx.split(Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0), remat=remat), nnx.Param)
+        graphdef, params = nnx.split(CausalLM(CFG, rngs=nnx.Rngs(0), remat=remat), nnx.Param)
         f = lambda p: (token_logprobs(nnx.merge(graphdef, p), ids, mask) * b.response_mask).sum()  # noqa: E731
         results.append(jax.jit(jax.value_and_grad(f))(params))
     (v0, g0), (v1, g1) = results

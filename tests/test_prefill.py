@@ -15,7 +15,7 @@ from flax import nnx
 from hf_models import build_hf_model
 
 from hgpo_jax.config import ConfigError, Config, load_config, save_config
-from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, load_pretrained
+from hgpo_jax.models import DecoderConfig, CausalLM, load_pretrained
 from hgpo_jax.rl import sampling
 from hgpo_jax.rl.sampling import Sampler, generate, prefill_chunk_size
 
@@ -106,7 +106,7 @@ def test_prefill_chunk_rule():
 
 
 def test_generate_rejects_a_bad_prefill_chunk():
-    model = Qwen2ForCausalLM(Qwen2Config(**{**LONG_SHAPE, "max_position_embeddings": 128}))
+    model = CausalLM(DecoderConfig(**{**LONG_SHAPE, "max_position_embeddings": 128}))
     with pytest.raises(ValueError, match="prefill_chunk must be an int >= -1"):
         generate(model, [[1, 2, 3]], 4, prefill_chunk=-2, sampler=Sampler())
 
@@ -118,10 +118,10 @@ def test_fused_prefill_equals_the_einsum_path(scan, kw):
     """A model whose attention resolves to a fused impl ('xla' here; 'cudnn' on a GPU) prefills
     right-padded prompts in one forward: greedy (unrolled layers) and sampled (scanned layers)
     tokens and log-probs equal the chunked einsum path's (GQA 3, mixed lengths, a dummy row)."""
-    cfg = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024)
-    ein = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(3), scan_layers=scan)
-    xla = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(3), scan_layers=scan, attention="xla")
+    ein = CausalLM(cfg, rngs=nnx.Rngs(3), scan_layers=scan)
+    xla = CausalLM(cfg, rngs=nnx.Rngs(3), scan_layers=scan, attention="xla")
     assert sampling.prefill_path(ein) == "einsum" and sampling.prefill_path(xla) == "xla"
     prompts = random_prompts(97, (300, 5, 170), seed=2)
     a = generate(ein, prompts, 10, prefill_chunk=64, sampler=Sampler(), **kw)
@@ -137,9 +137,9 @@ def test_right_padded_prefill_into_a_cache_gives_each_rows_last_real_token(atten
     """hidden_states(right_padded=True, cache=empty, last_only=True): each row's hidden state at
     its last real token equals the unpadded row's forward, the cache holds its keys/values at
     slots 0..len-1, key_mask marks them and pos is the length (einsum and fused paths)."""
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(5), attention=attention)
+    model = CausalLM(cfg, rngs=nnx.Rngs(5), attention=attention)
     lens, T = (9, 3, 16), 16
     rows = random_prompts(64, lens, seed=5)
     ids = np.zeros((3, T), np.int32)
@@ -172,9 +172,9 @@ def test_plan_compile_of_a_long_prefill_bounds_its_scores():
     """Compiled only (nothing runs): 16 prompts x 4096 slots through the tiny model. The auto
     chunk (128) keeps the prefill's temporaries far under one layer's [16, 4, 4096, 4096] float32
     scores (4 GiB), which the single-chunk prefill holds."""
-    cfg = Qwen2Config(**{**LONG_SHAPE, "max_position_embeddings": 4096 + 64})
+    cfg = DecoderConfig(**{**LONG_SHAPE, "max_position_embeddings": 4096 + 64})
     graphdef, abstract = nnx.split(
-        nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, scan_layers=True)), nnx.Param)
+        nnx.eval_shape(lambda: CausalLM(cfg, scan_layers=True)), nnx.Param)
     temps = {}
     for chunk in (-1, 0):
         p = sampling.compile_for_plan(graphdef, abstract, 16, 4096, 16, None, jnp.float32,
@@ -191,13 +191,13 @@ RSS_CHILD = textwrap.dedent("""
     import resource, sys
     import numpy as np
     from flax import nnx
-    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from hgpo_jax.models import DecoderConfig, CausalLM
     from hgpo_jax.rl.sampling import generate, prefill_chunk_size
     chunk = int(sys.argv[1])
-    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=4096 + 64)
-    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=True)
+    model = CausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=True)
     rs = np.random.RandomState(0)
     lens = rs.randint(3000, 4097, 16)
     prompts = [rs.randint(0, 512, n).tolist() for n in lens]
@@ -277,15 +277,15 @@ def test_policy_passes_prefill_chunk_to_the_sampler(monkeypatch):
 def test_fused_prefill_in_row_groups_equals_one_forward_and_einsum(monkeypatch):
     """The fused prefill (attention='xla' here; cuDNN/splash on GPU/TPU) split into 1, 4 or 8
     forwards of interleaved rows gives the einsum path's greedy tokens, for both layer layouts."""
-    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     rs = np.random.RandomState(0)
     prompts = [rs.randint(1, 128, n).tolist() for n in (50, 120, 7, 90, 128, 33, 64, 100)]
     for scan in (False, True):
-        ref = generate(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan,
+        ref = generate(CausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan,
                                         attention="einsum"), prompts, 10, temperature=0,
                        sampler=Sampler())
-        fused = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan, attention="xla")
+        fused = CausalLM(cfg, rngs=nnx.Rngs(0), scan_layers=scan, attention="xla")
         for budget, groups in ((1 << 15, 1), (256, 4), (128, 8)):
             monkeypatch.setattr(sampling, "PREFILL_ROW_TOKENS", budget)
             assert sampling.prefill_row_groups(-1, 8, 128) == groups

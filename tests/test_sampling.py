@@ -432,14 +432,14 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
     code = textwrap.dedent("""
         import jax
         from flax import nnx
-        from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh, request_cpu_devices
+        from hgpo_jax.models import DecoderConfig, CausalLM, make_mesh, request_cpu_devices
         from hgpo_jax.rl.update import shard_params
         from hgpo_jax.rl.sampling import generate
         assert request_cpu_devices(2) == 2
         assert len(jax.devices("cpu")) == 2
-        cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-        model = Qwen2ForCausalLM(cfg)
+        model = CausalLM(cfg)
         prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
         one = generate(model, prompts, 6, temperature=0).tokens
         mesh = make_mesh(data=2)
@@ -463,9 +463,9 @@ def test_a_rows_samples_depend_on_its_id_not_on_the_batch():
     """Per-row keys (`row_ids`): each prompt sampled alone, in a batch of 5 (bucket 8) or split in
     two calls, with the same ids and rng, draws the same tokens; another id draws others. This
     is what makes a rollout's samples independent of the process count (docs/multihost.md)."""
-    from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM
+    from hgpo_jax.models import DecoderConfig, CausalLM
 
-    model = Qwen2ForCausalLM(Qwen2Config(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(0))
+    model = CausalLM(DecoderConfig(**TINY_SHAPES["tied_gqa2"]), rngs=nnx.Rngs(0))
     rs = np.random.RandomState(3)
     prompts = [rs.randint(1, 128, n).tolist() for n in (5, 9, 3, 12, 7)]
     ids = [40, 3, 17, 0, 8]
@@ -491,8 +491,8 @@ def test_a_rows_samples_depend_on_its_id_not_on_the_batch():
 # --------------------------------------------------------------------------- weights in the compute dtype
 def _master_and_cast(model):
     """(a copy of `model` with fp32 master weights and bf16 compute, the same weights stored bf16)."""
-    from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, cast_to_compute
-    master = Qwen2ForCausalLM(model.config, dtype="bfloat16", param_dtype="float32",
+    from hgpo_jax.models.decoder import CausalLM, cast_to_compute
+    master = CausalLM(model.config, dtype="bfloat16", param_dtype="float32",
                               rngs=nnx.Rngs(3))
     return master, cast_to_compute(nnx.clone(master))
 

@@ -11,8 +11,8 @@ from flax import nnx
 from hf_models import TINY_SHAPES, build_hf_model, hf_logits, load_hf
 from jax.sharding import PartitionSpec as P
 
-from hgpo_jax.models import Qwen2Config, load_pretrained, make_mesh, save_pretrained
-from hgpo_jax.models.qwen2 import (Qwen2ForCausalLM, relayout_layers, resolve_attention,
+from hgpo_jax.models import DecoderConfig, load_pretrained, make_mesh, save_pretrained
+from hgpo_jax.models.decoder import (CausalLM, relayout_layers, resolve_attention,
                                    stack_layers, unstack_layers)
 from hgpo_jax.models.sharding import param_partition_spec
 from hgpo_jax.rl.update import token_logprobs
@@ -97,9 +97,9 @@ def test_scanned_model_matches_transformers_and_the_unrolled_cache_path(hf_model
 @pytest.mark.parametrize("remat", [False, True])
 def test_scanned_gradients_equal_the_unrolled_ones(remat):
     """Same seed, same weights; the token log-prob loss and every gradient agree (remat too)."""
-    cfg = Qwen2Config(**TINY_SHAPES["tied_gqa2_odd3l"])
-    scanned = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(4), scan_layers=True, remat=remat)
-    unrolled = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(4), remat=remat)
+    cfg = DecoderConfig(**TINY_SHAPES["tied_gqa2_odd3l"])
+    scanned = CausalLM(cfg, rngs=nnx.Rngs(4), scan_layers=True, remat=remat)
+    unrolled = CausalLM(cfg, rngs=nnx.Rngs(4), remat=remat)
     assert as_unrolled(flat_params(scanned), 3).keys() == flat_params(unrolled).keys()
     ids, mask = right_padded_batch(cfg.vocab_size, [9, 4, 0], 9)
 
@@ -191,8 +191,8 @@ def test_auto_attention_picks_cudnn_only_where_it_runs():
 def test_fused_attention_values_and_gradients_equal_einsum(shape, scan):
     """jax.nn.dot_product_attention over right-padded rows (one of them all padding) gives the
     einsum path's token log-probs, entropies and gradients."""
-    cfg = Qwen2Config(**TINY_SHAPES[shape])
-    models = {impl: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1), attention=impl, scan_layers=scan,
+    cfg = DecoderConfig(**TINY_SHAPES[shape])
+    models = {impl: CausalLM(cfg, rngs=nnx.Rngs(1), attention=impl, scan_layers=scan,
                                      remat=True) for impl in ("einsum", "xla")}
     ids, mask = right_padded_batch(cfg.vocab_size, [13, 6, 0, 1], 13, seed=3)
 
@@ -216,9 +216,9 @@ def test_fused_attention_values_and_gradients_equal_einsum(shape, scan):
 def test_fused_path_only_for_right_padded_rows():
     """A left-padded forward without a cache keeps the einsum path (its mask is not a prefix),
     so a model set to a fused path still gives the right logits there."""
-    cfg = Qwen2Config(**TINY_SHAPES["tied_gqa2"])
-    xla = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(2), attention="xla")
-    ein = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(2), attention="einsum")
+    cfg = DecoderConfig(**TINY_SHAPES["tied_gqa2"])
+    xla = CausalLM(cfg, rngs=nnx.Rngs(2), attention="xla")
+    ein = CausalLM(cfg, rngs=nnx.Rngs(2), attention="einsum")
     ids, mask = left_pad([random_ids(128, (n,), seed=n) for n in (9, 3)])
     f = nnx.jit(lambda m, x, am: m(x, attention_mask=am))
     np.testing.assert_allclose(np.asarray(f(xla, ids, mask)), np.asarray(f(ein, ids, mask)),

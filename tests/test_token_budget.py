@@ -10,7 +10,7 @@ from flax import nnx
 from hf_models import TINY_SHAPES
 
 from hgpo_jax.config import ConfigError, load_config
-from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
+from hgpo_jax.models import DecoderConfig, CausalLM, make_mesh
 from hgpo_jax.rl.batching import (PolicyRows, TokenRows, fit_length, fixed_micro_weights, gather_rows,
                                   length_ladder, pack_rows, take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step, ppo_micro_loss
@@ -18,7 +18,7 @@ from hgpo_jax.rl.update import (budget_update, init_opt_state, make_logprob_fn, 
                                 shard_params)
 from hgpo_jax.trainers.rl import Trainer
 
-CFG = Qwen2Config(**TINY_SHAPES["untied_gqa1"])
+CFG = DecoderConfig(**TINY_SHAPES["untied_gqa1"])
 WINDOW = 12  # the response window (rollout.max_new_tokens) of the update tests
 
 
@@ -160,7 +160,7 @@ def test_budget_update_equals_the_padded_fixed_update(agg, token_adv, entropy):
                            * a["response_mask"])
     mb = PolicyRows.of(a)
     loss_cfg = LossConfig(agg=agg, entropy_coef=entropy)
-    graphdef, params = nnx.split(Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(CausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
     micros, plan = budget_micros(mb, 4, 96, agg)
     assert len({m.shape for m in plan}) >= 3 and min(m.length for m in plan) < a["input_ids"].shape[1] / 3
 
@@ -189,7 +189,7 @@ def test_budget_update_with_adamw_on_a_sharded_mesh_equals_the_fixed_update():
     mesh = make_mesh(data=2, fsdp=2, tensor=1)
     a = ragged_batch(16, seed=1)
     mb = PolicyRows.of(a)
-    model = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    model = CausalLM(CFG, rngs=nnx.Rngs(0))
     model.batch_mesh = mesh
     graphdef, params = nnx.split(model, nnx.Param)
     params = shard_params(params, mesh)
@@ -221,7 +221,7 @@ def test_budget_update_with_adamw_on_a_sharded_mesh_equals_the_fixed_update():
 
 def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
     a = ragged_batch(16, seed=2)
-    graphdef, params = nnx.split(Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(CausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
     args = ("input_ids", "attention_mask", "response_mask")
     padded = np.asarray(make_logprob_fn(graphdef, window=WINDOW)(params, *(a[k] for k in args)))
     fn = make_logprob_fn(graphdef, window=WINDOW, token_budget=64)

@@ -11,8 +11,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from hgpo_jax.models import Qwen2Config, make_mesh
-from hgpo_jax.models.qwen2 import Qwen2ForCausalLM, attention, resolve_attention
+from hgpo_jax.models import DecoderConfig, make_mesh
+from hgpo_jax.models.decoder import CausalLM, attention, resolve_attention
 from hgpo_jax.models.tpu_attention import _kernel, splash_attention, splash_blocks
 from hgpo_jax.rl.update import token_logprobs
 
@@ -87,9 +87,9 @@ def test_splash_model_values_and_gradients_equal_einsum():
     """A tiny Qwen2 (head size 128, two query heads on one kv head, scanned layers, remat) with
     attention='splash' gives the einsum model's token log-probs, entropies and weight gradients
     on right-padded rows of mixed lengths (one of them all padding)."""
-    cfg = Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = DecoderConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=128)
-    models = {impl: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1), attention=impl, scan_layers=True,
+    models = {impl: CausalLM(cfg, rngs=nnx.Rngs(1), attention=impl, scan_layers=True,
                                      remat=True) for impl in ("einsum", "splash")}
     T, lengths = 128, np.array([128, 77, 0, 1])
     mask = (np.arange(T)[None] < lengths[:, None]).astype(np.int32)
@@ -162,7 +162,7 @@ def test_plan_for_tpu_compiles_the_flash_standin_for_splash():
     from hgpo_jax.config import load_config
     from hgpo_jax.trainers.plan import plan_attention
 
-    model_cfg = Qwen2Config()  # Qwen2.5-1.5B: head size 128
+    model_cfg = DecoderConfig()  # Qwen2.5-1.5B: head size 128
     cfg = load_config("tiny_cpu", ["model.compute_dtype=bfloat16"])
     impl, label = plan_attention(cfg, model_cfg, "tpu")
     assert impl == "flash_standin" and label.startswith("splash (Pallas TPU flash) on tpu"), label

@@ -20,14 +20,14 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from hgpo_jax.models.config import Qwen2Config, resolve_dtype
-from hgpo_jax.models.qwen2 import Qwen2Critic, Qwen2ForCausalLM, check_num_heads, new_value_head
+from hgpo_jax.models.config import DecoderConfig, resolve_dtype
+from hgpo_jax.models.decoder import CriticModel, CausalLM, check_num_heads, new_value_head
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-VALUE_HEAD = "score.weight"  # a critic's value heads, [H, D] (Qwen2ForTokenClassification)
+VALUE_HEAD = "score.weight"  # a critic's value heads, [H, D] (the family's ...ForTokenClassification)
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 
 
@@ -67,22 +67,22 @@ def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def abstract_model(config: Qwen2Config, *, dtype="float32", compute_dtype=None, critic: bool = False,
+def abstract_model(config: DecoderConfig, *, dtype="float32", compute_dtype=None, critic: bool = False,
                    num_heads: int = 1, **options):
     """(graphdef, flat abstract state) of a model with that config; allocates no weights.
-    options: Qwen2ForCausalLM's keyword options (scan_layers, attention, remat); critic: a
-    Qwen2Critic (`num_heads` value heads, no LM head)."""
+    options: CausalLM's keyword options (scan_layers, attention, remat); critic: a
+    CriticModel (`num_heads` value heads, no LM head)."""
     compute_dtype = compute_dtype or dtype
     if critic:
         options["num_heads"] = num_heads
-    cls = Qwen2Critic if critic else Qwen2ForCausalLM
+    cls = CriticModel if critic else CausalLM
     model = nnx.eval_shape(lambda: cls(config, dtype=compute_dtype, param_dtype=dtype,
                                        rngs=nnx.Rngs(0), **options))
     graphdef, state = nnx.split(model)
     return graphdef, nnx.to_flat_state(state)
 
 
-def label_count(config: Qwen2Config) -> int | None:
+def label_count(config: DecoderConfig) -> int | None:
     """The labels config.json declares (`num_labels`, else the length of `id2label`; transformers
     keeps only the latter); None when it declares none."""
     if "num_labels" in config.extra:
@@ -91,7 +91,7 @@ def label_count(config: Qwen2Config) -> int | None:
     return len(labels) if labels else None
 
 
-def critic_heads(config: Qwen2Config, head_shape: tuple[int, ...] | None, num_heads: int | None,
+def critic_heads(config: DecoderConfig, head_shape: tuple[int, ...] | None, num_heads: int | None,
                  folder: str = "model folder") -> int:
     """The value heads of a critic loaded from a folder.
 
@@ -118,16 +118,17 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                     mesh: jax.sharding.Mesh | None = None, progress: bool = False,
                     scan_layers: bool = False, attention: str = "auto",
                     remat: bool = False, critic: bool = False, seed: int = 0,
-                    num_heads: int | None = None) -> Qwen2ForCausalLM:
-    """Load an HF Qwen2 folder (config.json + model.safetensors or a sharded index).
+                    num_heads: int | None = None) -> CausalLM:
+    """Load an HF folder of any registered family (config.json + model.safetensors or a sharded
+    index; `families`: qwen2, qwen3, llama). Its config.json is checked before any tensor is read.
 
-    critic: load it as a `Qwen2Critic` (as transformers' `Qwen2ForTokenClassification` does):
+    critic: load it as a `CriticModel` (as transformers' `...ForTokenClassification` does):
       the backbone's tensors, and the value heads `score.*` when the folder has them (an exported
       critic: as many heads as it has, config.json's num_labels); otherwise (a causal LM's folder,
       verl's critic start) `num_heads` new heads (default 1), N(0, 0.02) weights from `seed` and a
       zero bias. The LM head is never read. num_heads: the heads expected (`critic_heads`); None
       takes the folder's.
-    scan_layers, attention, remat: the model's options (Qwen2ForCausalLM); with scan_layers the
+    scan_layers, attention, remat: the model's options (CausalLM); with scan_layers the
       per-layer tensors are stacked on the host, one weight at a time.
     dtype: storage dtype of the weights ('float32' or 'bfloat16'); the checkpoint's own dtype is
       converted tensor by tensor. compute_dtype: activations' dtype (default: `dtype`).
@@ -137,7 +138,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
     folder = os.fspath(path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"model folder {folder!r} does not exist or is not a directory")
-    config = Qwen2Config.from_json_file(os.path.join(folder, "config.json"))
+    config = DecoderConfig.from_json_file(os.path.join(folder, "config.json"))
     reader = CheckpointReader(folder)
     np_dtype = np.dtype(resolve_dtype(dtype))
     available = set(reader.keys())
@@ -183,7 +184,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                     if not n.endswith(_IGNORED_SUFFIXES)
                     and not ((config.tie_word_embeddings or critic) and n == "lm_head.weight"))
     if unused:
-        warnings.warn(f"{folder}: {len(unused)} checkpoint tensors are not used by Qwen2: "
+        warnings.warn(f"{folder}: {len(unused)} checkpoint tensors are not used by {config.model_type}: "
                       f"{unused[:5]}{' ...' if len(unused) > 5 else ''}", stacklevel=2)
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
     model.batch_mesh = mesh  # activations split over the batch axes like the inputs
@@ -209,11 +210,12 @@ def _host_array(value) -> np.ndarray:
     return np.asarray(jax.device_get(value))
 
 
-def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtype: str | None = None,
+def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str | None = None,
                     max_shard_size: int | str = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
                     tokenizer=None) -> str:
-    """Write an HF Qwen2 folder that `transformers.AutoModelForCausalLM.from_pretrained` loads
-    (a `Qwen2Critic`: `AutoModelForTokenClassification`, one label per value head:
+    """Write an HF folder of the model's family (config.json's `model_type` and `architectures`
+    as the family's) that `transformers.AutoModelForCausalLM.from_pretrained` loads
+    (a `CriticModel`: `AutoModelForTokenClassification`, one label per value head:
     `critic_hf_config`).
 
     Tensors carry HF's names and layouts; files are split past `max_shard_size` bytes (with a
@@ -286,8 +288,8 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
             with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
         hf_config = model.config.to_hf_dict(dtype=np_dtype.name)
-        if isinstance(model, Qwen2Critic):
-            hf_config = critic_hf_config(hf_config, model.num_heads)
+        if isinstance(model, CriticModel):
+            hf_config = critic_hf_config(hf_config, model.num_heads, model.config.family.critic)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2)
         if tokenizer is not None:
@@ -299,12 +301,12 @@ def save_pretrained(model: Qwen2ForCausalLM, out_dir: str | os.PathLike, *, dtyp
     return out_dir
 
 
-def critic_hf_config(hf_config: dict, num_heads: int) -> dict:
-    """An HF config dict as a critic's: transformers' class for token-level heads,
-    `Qwen2ForTokenClassification`, with `num_heads` labels (`num_labels` and the `id2label` /
-    `label2id` maps transformers counts them from)."""
+def critic_hf_config(hf_config: dict, num_heads: int, architecture: str) -> dict:
+    """An HF config dict as a critic's: `architecture`, the family's transformers class for
+    token-level heads (`Qwen2ForTokenClassification`, ...), with `num_heads` labels (`num_labels`
+    and the `id2label` / `label2id` maps transformers counts them from)."""
     labels = [f"LABEL_{h}" for h in range(num_heads)]
-    return {**hf_config, "architectures": ["Qwen2ForTokenClassification"], "num_labels": num_heads,
+    return {**hf_config, "architectures": [architecture], "num_labels": num_heads,
             "id2label": {str(h): name for h, name in enumerate(labels)},
             "label2id": {name: h for h, name in enumerate(labels)}}
 

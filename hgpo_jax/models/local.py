@@ -1,8 +1,8 @@
 """Models built here (no download): a tokenizer trained on a corpus of text, Qwen2.5's chat
-template, and a random-weight Qwen2 of a preset size.
+template, and a random-weight decoder of a preset size and family (qwen2 by default; qwen3, llama).
 
     tokenizer = train_tokenizer(texts, vocab_size=4096)
-    folder = build_model(out_dir, tokenizer, size="small")
+    folder = build_model(out_dir, tokenizer, size="small", family="qwen3")
 
 Real Qwen2.5 checkpoints cannot be fetched here; learning experiments start from these models
 and a supervised warm start (`hgpo-jax sft`). The tokenizer is a byte-level BPE without word
@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from hgpo_jax.models.config import Qwen2Config
+from hgpo_jax.models.config import DecoderConfig
 from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE, Tokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -31,6 +31,15 @@ SIZES = {
                   num_attention_heads=4, num_key_value_heads=2),  # (~0.8 M)
     "base": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6,
                  num_attention_heads=8, num_key_value_heads=4),  # (~4.6 M)
+}
+# What a built model of each family sets beyond the preset size (the rest: the family's defaults,
+# e.g. Qwen3's per-head q/k norms, Llama's bias-free attention). Qwen3's head_dim is given
+# explicitly (its family default, 128, is larger than these models' hidden sizes); the tokenizer
+# and chat template are the same for every family.
+FAMILY_SETTINGS = {
+    "qwen2": dict(rope_theta=1_000_000.0),
+    "qwen3": dict(rope_theta=1_000_000.0, head_dim="hidden/heads"),
+    "llama": dict(rope_theta=500_000.0),
 }
 PIECE_BOUNDARY = r"['\[\]\n]"  # tokens never cross a quote, a bracket or a line break
 
@@ -60,24 +69,32 @@ def train_tokenizer(texts: list[str], vocab_size: int, *,
 
 
 def model_config(size: str, vocab_size: int, eos_token_id: int,
-                 max_position_embeddings: int = 8192) -> Qwen2Config:
-    """The Qwen2 config of a preset size for a vocabulary of `vocab_size` tokens."""
+                 max_position_embeddings: int = 8192, family: str = "qwen2") -> DecoderConfig:
+    """The config of a preset size and family for a vocabulary of `vocab_size` tokens."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; use one of {sorted(SIZES)}")
-    return Qwen2Config(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-                       rope_theta=1_000_000.0, tie_word_embeddings=True, eos_token_id=eos_token_id,
-                       bos_token_id=None, **SIZES[size])
+    if family not in FAMILY_SETTINGS:
+        raise ValueError(f"no built models of family {family!r}; use one of "
+                         f"{sorted(FAMILY_SETTINGS)}")
+    shape = SIZES[size]
+    settings = dict(FAMILY_SETTINGS[family])
+    if settings.get("head_dim") == "hidden/heads":
+        settings["head_dim"] = shape["hidden_size"] // shape["num_attention_heads"]
+    return DecoderConfig(model_type=family, vocab_size=vocab_size,
+                         max_position_embeddings=max_position_embeddings,
+                         tie_word_embeddings=True, eos_token_id=eos_token_id, bos_token_id=None,
+                         **shape, **settings)
 
 
 def build_model(out_dir: str | os.PathLike, tokenizer: Tokenizer, size: str = "small", seed: int = 0,
-                overwrite: bool = False) -> str:
-    """Write a random-weight Qwen2 HF folder (config, safetensors, tokenizer); returns it."""
+                overwrite: bool = False, family: str = "qwen2") -> str:
+    """Write a random-weight HF folder of `family` (config, safetensors, tokenizer); returns it."""
     from flax import nnx
 
     from hgpo_jax.models.hf_io import save_pretrained
-    from hgpo_jax.models.qwen2 import Qwen2ForCausalLM
+    from hgpo_jax.models.decoder import CausalLM
 
-    config = model_config(size, tokenizer.vocab_size, tokenizer.end_of_turn_id)
+    config = model_config(size, tokenizer.vocab_size, tokenizer.end_of_turn_id, family=family)
     config = dataclasses.replace(config, extra=dict(config.extra))
-    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
+    model = CausalLM(config, rngs=nnx.Rngs(seed))
     return save_pretrained(model, out_dir, tokenizer=tokenizer, overwrite=overwrite)

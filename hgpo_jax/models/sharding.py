@@ -1,4 +1,4 @@
-"""Device mesh and the partition rules of every Qwen2 parameter.
+"""Device mesh and the partition rules of every decoder parameter (all families).
 
 One `Mesh` with axes (data, fsdp, tensor). Weights are split FSDP-style on one dimension and
 tensor-parallel on heads / MLP width (docs: shared design, "Sharding"). A dimension that an axis
@@ -25,9 +25,12 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"self_attn\.[qkv]_proj\.kernel$", P("fsdp", "tensor")),
     (r"self_attn\.[qkv]_proj\.bias$", P("tensor")),
     (r"self_attn\.o_proj\.kernel$", P("tensor", "fsdp")),
+    (r"self_attn\.o_proj\.bias$", P()),
     (r"mlp\.(gate|up)_proj\.kernel$", P("fsdp", "tensor")),
+    (r"mlp\.(gate|up)_proj\.bias$", P("tensor")),
     (r"mlp\.down_proj\.kernel$", P("tensor", "fsdp")),
-    (r"norm\.scale$", P()),
+    (r"mlp\.down_proj\.bias$", P()),
+    (r"norm\.scale$", P()),  # the layers' norms, the final norm, Qwen3's per-head q_norm / k_norm
     (r"lm_head\.kernel$", P("fsdp", "tensor")),
     (r"^score\.(kernel|bias)$", P()),  # the critic's value head: [D, H] and [H], replicated
 )
@@ -125,3 +128,24 @@ def rows_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
 def param_sharding(mesh: Mesh, path: str, shape: tuple[int, ...]) -> NamedSharding:
     """The NamedSharding of one parameter on `mesh`."""
     return NamedSharding(mesh, fit_spec(param_partition_spec(path), shape, mesh))
+
+
+def tensor_axis_problem(num_heads: int, num_kv_heads: int, tensor: int) -> str | None:
+    """Why a tensor axis of size `tensor` cannot split a model's attention heads (None: it can).
+
+    Tensor parallelism gives each device whole query heads: `tensor` must divide the query heads.
+    Key/value heads are split the same way or, where there are fewer of them than devices, each
+    is repeated on tensor / kv_heads devices (then `tensor` must be a multiple of them)."""
+    if tensor <= 1:
+        return None
+    if num_heads % tensor:
+        fits = [t for t in range(2, num_heads + 1) if num_heads % t == 0
+                and (num_kv_heads % t == 0 or t % num_kv_heads == 0)]
+        return (f"mesh.tensor={tensor} does not divide the model's {num_heads} query heads; use "
+                f"a tensor axis of {', '.join(map(str, fits[:6])) or '1'} (or 1), and put the "
+                "other devices on mesh.fsdp / mesh.data")
+    if num_kv_heads % tensor and tensor % num_kv_heads:
+        return (f"mesh.tensor={tensor} neither divides the model's {num_kv_heads} key/value heads "
+                f"nor is a multiple of them; use a tensor axis that divides {num_kv_heads} or is "
+                f"a multiple of it (and divides the {num_heads} query heads)")
+    return None

@@ -11,14 +11,14 @@ import os
 
 from flax import nnx
 
-from hgpo_jax.models.config import Qwen2Config
+from hgpo_jax.models.config import DecoderConfig
 from hgpo_jax.models.hf_io import save_pretrained
-from hgpo_jax.models.qwen2 import Qwen2ForCausalLM
+from hgpo_jax.models.decoder import CausalLM
 from hgpo_jax.models.tokenizer import CHATML_TEMPLATE, Tokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-TINY_CONFIG = Qwen2Config(
+TINY_CONFIG = DecoderConfig(
     vocab_size=1024, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
     rope_theta=1_000_000.0, tie_word_embeddings=True)
@@ -59,7 +59,7 @@ def train_tiny_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     return Tokenizer(hf)
 
 
-def build_tiny_pretrained(out_dir: str | os.PathLike, config: Qwen2Config = TINY_CONFIG,
+def build_tiny_pretrained(out_dir: str | os.PathLike, config: DecoderConfig = TINY_CONFIG,
                           seed: int = 0, overwrite: bool = False) -> str:
     """Write a random-weight Qwen2 HF folder with a trained tokenizer; returns the folder."""
     tokenizer = train_tiny_tokenizer(config.vocab_size)
@@ -68,5 +68,5 @@ def build_tiny_pretrained(out_dir: str | os.PathLike, config: Qwen2Config = TINY
                          f"vocab_size {config.vocab_size}")
     config = dataclasses.replace(config, eos_token_id=tokenizer.eos_token_ids[0],
                                  bos_token_id=None, extra=dict(config.extra))
-    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
+    model = CausalLM(config, rngs=nnx.Rngs(seed))
     return save_pretrained(model, out_dir, tokenizer=tokenizer, overwrite=overwrite)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 
@@ -81,21 +82,35 @@ CHATML_TEMPLATE = (
 )
 
 
+# Keywords every chat template is rendered with. Qwen3's template has a thinking switch: verl-agent's
+# Qwen3 runs set `enable_thinking=False` (`+data.apply_chat_template_kwargs.enable_thinking=False`,
+# examples/gigpo_trainer/run_webshop_qwen3.sh), which makes the template open the reply with an
+# empty `<think>\n\n</think>\n\n`; the agents' prompts then ask for the reasoning in the reply's own
+# <think> tags, as with Qwen2.5. Templates without the switch (Qwen2.5, Llama, the ones built
+# here) ignore it.
+CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
+
+
 class Tokenizer:
     """Encode/decode text and render chat prompts; wraps `transformers.AutoTokenizer`.
 
-    Attributes: `eos_token_ids` (every id that ends a reply: the tokenizer's eos plus `<|im_end|>`
-    when present), `pad_token_id`, `vocab_size`.
+    Attributes: `eos_token_ids` (every id that ends a reply: the tokenizer's eos, `<|im_end|>`
+    when present, and `extra_eos_ids`: those the folder's generation_config.json lists, e.g.
+    Llama 3's <|eot_id|> and <|eom_id|>), `pad_token_id`, `vocab_size`, `end_of_turn_id`.
     """
 
-    def __init__(self, hf_tokenizer):
+    def __init__(self, hf_tokenizer, extra_eos_ids: Sequence[int] = ()):
         self.hf = hf_tokenizer
         if not getattr(self.hf, "chat_template", None):
             self.hf.chat_template = CHATML_TEMPLATE
         eos = [self.hf.eos_token_id] if self.hf.eos_token_id is not None else []
         im_end = self.hf.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.hf.unk_token_id and im_end not in eos:
+        has_im_end = isinstance(im_end, int) and im_end != self.hf.unk_token_id
+        if has_im_end and im_end not in eos:
             eos.append(im_end)
+        # supervised replies end with <|im_end|> where the vocabulary has it, else with the eos
+        self._end_of_turn = im_end if has_im_end else (eos[0] if eos else 0)
+        eos += [int(i) for i in extra_eos_ids if int(i) not in eos]
         self.eos_token_ids: list[int] = eos
         pad = self.hf.pad_token_id
         self.pad_token_id: int = pad if pad is not None else (eos[0] if eos else 0)
@@ -108,7 +123,7 @@ class Tokenizer:
     def end_of_turn_id(self) -> int:
         """The token that ends an assistant turn: `<|im_end|>` when the vocabulary has it, else
         the eos token (supervised responses end with it, so the model learns to stop)."""
-        return self.eos_token_ids[-1]
+        return self._end_of_turn
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
@@ -119,7 +134,8 @@ class Tokenizer:
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """[{'role': 'user', 'content': ...}, ...] -> token ids of the rendered chat template."""
         text = self.hf.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+                                           add_generation_prompt=add_generation_prompt,
+                                           **CHAT_TEMPLATE_KWARGS)
         return self.encode(text)
 
     def save_pretrained(self, out_dir: str) -> None:
@@ -146,7 +162,24 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     except Exception as e:  # transformers raises many types here; say which folder failed
         raise ValueError(f"cannot load the tokenizer in {folder}: {e}") from e
     _keep_file_pipeline(hf, os.path.join(folder, "tokenizer.json"))
-    return Tokenizer(hf)
+    return Tokenizer(hf, generation_eos_ids(folder))
+
+
+def generation_eos_ids(folder: str) -> list[int]:
+    """The eos ids of a folder's generation_config.json (transformers stops generating at any of
+    them: Llama 3 Instruct lists <|end_of_text|>, <|eom_id|>, <|eot_id|>); [] without the file."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: cannot read the generation config: {e}") from e
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{path}: eos_token_id must be an int or a list of ints, got {eos!r}")
+    return ids
 
 
 def _keep_file_pipeline(hf, tokenizer_json: str) -> None:

@@ -7,7 +7,7 @@ What verl-agent's PPO baseline computes (docs/ppo_spec.md, from its run scripts,
 - Every step of an episode is its own row, and the rows of an episode are not linked: a row's
   reward is the whole episode's reward (10 x won) minus `invalid_penalty` when the step's reply
   was invalid, placed on its last response token; there is no bootstrap from the next step.
-- The critic is a Qwen2 with a scalar head (`models.Qwen2Critic`, started from the policy's
+- The critic is the policy's decoder with a scalar head (`models.CriticModel`, started from the policy's
   weights). V_t, the value before response token t, is the head's output at the token before it
   (the last prompt token for t = 0). Values are kept for t <= L (L the response length; t < W):
   one position more than the response, the state after the last token, whose return is 0.
@@ -24,7 +24,7 @@ Layout: every [S, W] array here is a row's response window (`rl.update.response_
 is response token t, W = rollout.max_new_tokens (verl's response_length). `rl.update.window_to_rows`
 puts a window array back at the rows' token positions [S, L] for the actor's loss.
 
-Heads: a critic may have H value heads (`models.Qwen2Critic(num_heads=H)`). With one head (PPO)
+Heads: a critic may have H value heads (`models.CriticModel(num_heads=H)`). With one head (PPO)
 values and returns are [S, W] as above; with H > 1 they carry a trailing head axis, [S, W, H], and
 the critic's loss (`critic_value_loss`) is the sum over heads of each head's clipped value loss,
 each over its own value mask. GAE and whitening (`gae_advantages`) read one head's [S, W] values.
@@ -258,7 +258,7 @@ class Critic:
     are a `CriticState`, part of the run's device state).
 
     `Critic.build` makes it from the policy at the start of the run
-    (`models.qwen2.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
+    (`models.decoder.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
     """
 
     def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int,
@@ -278,7 +278,7 @@ class Critic:
         """(the critic's functions, its initial state) from the policy, with `num_heads` value
         heads (values [S, W] for one, [S, W, H] for H > 1); value_masks: its mini-batches carry
         each head's target positions (`CriticRows.value_mask`)."""
-        from hgpo_jax.models.qwen2 import critic_from_policy
+        from hgpo_jax.models.decoder import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
         graphdef, params = nnx.split(critic_from_policy(policy, seed, num_heads), nnx.Param)

@@ -1,4 +1,4 @@
-"""Batched sampling from a Qwen2 policy: one compiled program (prefill + decode loop) per bucket.
+"""Batched sampling from a policy (any model family): one compiled program (prefill + decode loop) per bucket.
 
     from hgpo_jax.rl.sampling import generate
     out = generate(model, prompts, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
@@ -47,7 +47,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.distributed import local_rows, max_over_processes
-from hgpo_jax.models.qwen2 import KVCache, cast_to_compute, relayout_layers, resolve_attention
+from hgpo_jax.models.decoder import KVCache, cast_to_compute, relayout_layers, resolve_attention
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
 from hgpo_jax.rl.batching import bucket
@@ -830,7 +830,7 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              prefill_chunk: int = AUTO_CHUNK, row_ids=None) -> GenerateOutput:
     """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch.
 
-    model: a Qwen2ForCausalLM. prompts: list of token-id lists (each non-empty).
+    model: a CausalLM. prompts: list of token-id lists (each non-empty).
     temperature: 0 = greedy (argmax; top_k / top_p are then irrelevant), else the softmax
       temperature. top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass (1 = off).
       Applied in HF's order: temperature, top-k, top-p (see `filter_logits`).

@@ -12,9 +12,10 @@ it runs after `hgpo_jax.distributed.init_distributed`.
 
 What `check_start` checks:
 - the model folder (`model.path`: a Hugging Face folder, a run folder's base model): config.json
-  and a tokenizer file, and `rollout.max_prompt_tokens + rollout.max_new_tokens` within the
-  model's `max_position_embeddings`; a model built on first use (`tiny`, `build:...`) that is not
-  built yet is skipped;
+  of a supported family (`hgpo_jax.models.families`; others are refused by name) and a tokenizer
+  file, `rollout.max_prompt_tokens + rollout.max_new_tokens` within the model's
+  `max_position_embeddings`, and a `mesh.tensor` that splits the model's heads; a model built on
+  first use (`tiny`, `build:...`) that is not built yet is skipped;
 - `model.attention` against the backend (cudnn: a GPU and 16-bit activations; splash: not a GPU);
 - the env's tasks of every split the command plays (rl: env.split, and eval.splits when
   eval.every > 0; eval: env.split and the evaluated splits; sft: env.split for recorded episodes);
@@ -32,6 +33,8 @@ from collections.abc import Sequence
 import jax
 
 from hgpo_jax.build import is_built_on_use, model_path_folder
+from hgpo_jax.models.config import DecoderConfig
+from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.tokenizer import TOKENIZER_FILES, has_tokenizer_files
 from hgpo_jax.runs import is_run_dir, run_source
 from hgpo_jax.sft import data as sft_data
@@ -94,8 +97,9 @@ def base_model_folder(path: str, _seen: tuple[str, ...] = ()) -> str | None:
 
 
 def check_model_folder(cfg) -> None:
-    """model.path's folder holds config.json and a tokenizer file, and the longest row (prompt +
-    response) fits the model's max_position_embeddings. Skipped for a model not built yet."""
+    """model.path's folder holds config.json of a supported family and a tokenizer file, the
+    longest row (prompt + response) fits the model's max_position_embeddings, and mesh.tensor
+    splits its heads. Skipped for a model not built yet."""
     path, r = cfg.model.path, cfg.rollout
     folder = base_model_folder(path)
     if folder is None:
@@ -117,6 +121,11 @@ def check_model_folder(cfg) -> None:
                                 f"{', '.join(TOKENIZER_FILES)}; copy them from the Hugging Face "
                                 "model folder")
     limit = _max_positions(config_json)
+    model_cfg = DecoderConfig.from_json_file(config_json)  # an unsupported family: ConfigError
+    problem = tensor_axis_problem(model_cfg.num_attention_heads, model_cfg.num_key_value_heads,
+                                  cfg.mesh.tensor)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
     longest = r.max_prompt_tokens + r.max_new_tokens
     if limit is not None and longest > limit:
         raise ValueError(
@@ -139,7 +148,7 @@ def _max_positions(config_json: str) -> int | None:
 
 def check_attention(attention: str, compute_dtype: str, backend: str) -> None:
     """`model.attention` can run on `backend` (jax.default_backend()): cudnn needs a GPU and 16-bit
-    activations, splash does not run on a GPU (`hgpo_jax.models.qwen2.resolve_attention`)."""
+    activations, splash does not run on a GPU (`hgpo_jax.models.decoder.resolve_attention`)."""
     fix = "use model.attention=auto (it picks what runs here) or model.attention=einsum"
     if attention == "cudnn" and backend != "gpu":
         raise ValueError(f"model.attention=cudnn is cuDNN flash attention, which runs on a GPU only, "

@@ -10,7 +10,7 @@ GPU one). Use it to check that a 7B run fits before renting GPUs.
 Attention: the plan compiles the path `model.attention` takes on the target platform
 (`--target`, default gpu). cuDNN flash attention has no CPU kernel (nor has the TPU splash kernel,
 `--target tpu`, but an interpreter), so on CPU a stand-in with their memory profile is compiled
-instead (`qwen2._flash_standin`: output and logsumexp residuals, no
+instead (`decoder._flash_standin`: output and logsumexp residuals, no
 [T, S] buffer); its values are never computed.
 """
 
@@ -24,9 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hgpo_jax.models import Qwen2Config, Qwen2ForCausalLM, make_mesh
+from hgpo_jax.models import CausalLM, DecoderConfig, RopeScaling, make_mesh
 from hgpo_jax.models.config import resolve_dtype
-from hgpo_jax.models.qwen2 import resolve_attention
+from hgpo_jax.models.decoder import resolve_attention
+from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.algorithms import build_algorithm
 from hgpo_jax.rl.batching import CriticRows, PolicyRows
@@ -34,29 +35,65 @@ from hgpo_jax.rl.update import batch_shardings, opt_state_shardings, param_shard
 from hgpo_jax.runs import build_optimizer
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.
+_QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128, rope_theta=1_000_000.0,
+              max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645)
+_LLAMA3 = dict(model_type="llama", vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500_000.0,
+               max_position_embeddings=131072, bos_token_id=128000, eos_token_id=128001)
+_SMOLLM2 = dict(model_type="llama", vocab_size=49152, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 PRESETS = {
-    "Qwen/Qwen2.5-1.5B-Instruct": Qwen2Config(),
-    "Qwen/Qwen2.5-7B-Instruct": Qwen2Config(
+    "Qwen/Qwen2.5-1.5B-Instruct": DecoderConfig(),
+    "Qwen/Qwen2.5-7B-Instruct": DecoderConfig(
         vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
         num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "Qwen/Qwen3-0.6B": DecoderConfig(**_QWEN3, hidden_size=1024, intermediate_size=3072,
+                                     num_hidden_layers=28, num_attention_heads=16,
+                                     num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": DecoderConfig(**_QWEN3, hidden_size=2048, intermediate_size=6144,
+                                     num_hidden_layers=28, num_attention_heads=16,
+                                     num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-4B": DecoderConfig(**_QWEN3, hidden_size=2560, intermediate_size=9728,
+                                   num_hidden_layers=36, num_attention_heads=32,
+                                   num_key_value_heads=8, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": DecoderConfig(**_QWEN3, hidden_size=4096, intermediate_size=12288,
+                                   num_hidden_layers=36, num_attention_heads=32,
+                                   num_key_value_heads=8, tie_word_embeddings=False),
+    "meta-llama/Llama-3.2-1B-Instruct": DecoderConfig(
+        **_LLAMA3, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192)),
+    "meta-llama/Llama-3.2-3B-Instruct": DecoderConfig(
+        **_LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+        rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192)),
+    "meta-llama/Llama-3.1-8B-Instruct": DecoderConfig(
+        **_LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192)),
+    "HuggingFaceTB/SmolLM2-360M-Instruct": DecoderConfig(
+        **_SMOLLM2, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+        num_attention_heads=15, num_key_value_heads=5, rope_theta=100_000.0),
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": DecoderConfig(
+        **_SMOLLM2, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+        num_attention_heads=32, num_key_value_heads=32, rope_theta=130_000.0),
 }
 GIB = 2**30
 
 
-def plan_model_config(path: str) -> Qwen2Config:
+def plan_model_config(path: str) -> DecoderConfig:
     """The architecture to plan: a local folder's config.json, a known preset, 'tiny', a model
     built here or a run folder's model."""
     if path == "tiny":
         from hgpo_jax.models.tiny import TINY_CONFIG
         return TINY_CONFIG
     if os.path.isfile(os.path.join(path, "config.json")):
-        return Qwen2Config.from_json_file(os.path.join(path, "config.json"))
+        return DecoderConfig.from_json_file(os.path.join(path, "config.json"))
     if path in PRESETS:
         return PRESETS[path]
     if path.startswith("build:") or os.path.isdir(path):  # a model built here, a run folder
         from hgpo_jax.runs import model_folder
 
-        return Qwen2Config.from_json_file(os.path.join(model_folder(path), "config.json"))
+        return DecoderConfig.from_json_file(os.path.join(model_folder(path), "config.json"))
     raise FileNotFoundError(f"cannot plan model.path {path!r}: not a local folder with a "
                             f"config.json, a run folder, a build:<env>-<size>, nor one of the "
                             f"presets {sorted(PRESETS)}")
@@ -85,7 +122,7 @@ def _abstract(tree, shardings):
                         tree, shardings)
 
 
-def plan_attention(cfg, model_cfg: Qwen2Config, target: str | None) -> tuple[str, str]:
+def plan_attention(cfg, model_cfg: DecoderConfig, target: str | None) -> tuple[str, str]:
     """(the attention path to compile here, its label) for `model.attention` on `target`."""
     target = target or jax.default_backend()
     impl = resolve_attention(cfg.model.attention, resolve_dtype(cfg.model.compute_dtype),
@@ -107,10 +144,14 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     num_groups x group_size prompts of max_prompt_tokens, max_new_tokens new) and time it.
     """
     model_cfg = plan_model_config(cfg.model.path)
+    problem = tensor_axis_problem(model_cfg.num_attention_heads, model_cfg.num_key_value_heads,
+                                  cfg.mesh.tensor)
+    if problem:
+        raise ValueError(f"model.path={cfg.model.path}: {problem}")
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     t, r = cfg.train, cfg.rollout
     attention, attention_label = plan_attention(cfg, model_cfg, target)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: CausalLM(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
         rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers,
         attention=attention)), nnx.Param)
@@ -170,13 +211,13 @@ def _sharded(spec, mesh):
                         spec, batch_shardings(mesh, spec))
 
 
-def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRows,
+def plan_critic(cfg, model_cfg: DecoderConfig, mesh, attention: str, mb: CriticRows,
                 num_heads: int = 1) -> dict:
     """Per-device bytes of a run's critic (`rl.critic`) of `num_heads` value heads: its weights,
     its AdamW state and the peak of its update step (arguments + temporaries); its parameter
     count and its heads (`critic_heads`, which the printed plan names). mb: the abstract
     mini-batch, `CriticRows.spec(..., num_heads=num_heads)`."""
-    from hgpo_jax.models.qwen2 import Qwen2Critic
+    from hgpo_jax.models.decoder import CriticModel
     from hgpo_jax.rl.batching import head_axis
     from hgpo_jax.rl.critic import critic_optimizer, make_critic_step
 
@@ -185,7 +226,7 @@ def plan_critic(cfg, model_cfg: Qwen2Config, mesh, attention: str, mb: CriticRow
                          f"{num_heads} value heads; make it with CriticRows.spec(..., "
                          f"num_heads={num_heads})")
     t, c = cfg.train, cfg.critic
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen2Critic(
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: CriticModel(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype, rngs=nnx.Rngs(0),
         remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention,
         num_heads=num_heads)), nnx.Param)

@@ -1,7 +1,9 @@
-"""Qwen2 / Qwen2.5 decoder in Flax NNX.
+"""The decoder of every model family in Flax NNX (Qwen2 / Qwen2.5, Qwen3, Llama 3.x: `families`).
 
-Module and attribute names mirror Hugging Face's `Qwen2ForCausalLM` (`model.layers.3.self_attn.q_proj`),
-so the weight port in `hf_io.py` is a rename plus a transpose of linear kernels.
+What the families differ in is read from the `DecoderConfig` (biases, per-head q/k norms, head
+size, RoPE scaling); everything else is one code path. Module and attribute names mirror Hugging
+Face's causal LMs (`model.layers.3.self_attn.q_proj`, `...self_attn.q_norm`), so the weight port in
+`hf_io.py` is a rename plus a transpose of linear kernels.
 
 Shapes: B batch, T new tokens, S cache slots, D hidden, H query heads, K kv heads, hd head size,
 V vocabulary.
@@ -22,7 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from hgpo_jax.models.config import Qwen2Config, resolve_dtype
+from hgpo_jax.models.config import DecoderConfig, resolve_dtype
+from hgpo_jax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 from hgpo_jax.models.sharding import rows_sharding
 from hgpo_jax.models.tpu_attention import splash_attention
 
@@ -50,10 +53,10 @@ class KVCache:
     index: jax.Array
 
     @classmethod
-    def init(cls, config: Qwen2Config, batch: int, max_len: int, dtype="float32", *,
+    def init(cls, config: DecoderConfig, batch: int, max_len: int, dtype="float32", *,
              stacked: bool = False) -> "KVCache":
         """An empty cache with room for `max_len` slots per row; `stacked` for a model with
-        scanned layers (`Qwen2ForCausalLM.scan_layers`)."""
+        scanned layers (`CausalLM.scan_layers`)."""
         dtype = resolve_dtype(dtype)
         K, hd, L = config.num_key_value_heads, config.head_size, config.num_hidden_layers
         if stacked:
@@ -87,24 +90,6 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return self.scale[...].astype(self.dtype) * x32.astype(self.dtype)
-
-
-def rope_cos_sin(positions, head_size: int, theta: float):
-    """positions int [B, T] -> (cos, sin) float32 [B, T, hd] (HF's non-interleaved layout)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_size, 2, dtype=jnp.float32) / head_size))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
-    cos, sin = jnp.cos(freqs), jnp.sin(freqs)                     # each half once
-    return jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
-
-
-def apply_rope(x, cos, sin, *, heads_first: bool = True):
-    """x [B, heads, T, hd] (or [B, T, heads, hd] with heads_first=False) rotated by position
-    (cos/sin [B, T, hd]); math in float32."""
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    cos, sin = (cos[:, None], sin[:, None]) if heads_first else (cos[:, :, None], sin[:, :, None])
-    return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 def attention(q, kt, v, mask):
@@ -213,17 +198,26 @@ def fused_attention(q, k, v, lengths, impl: str, mesh=None):
                                         implementation=impl)
 
 
-class Qwen2Attention(nnx.Module):
-    """Grouped-query self-attention with q/k/v biases and rotary embeddings."""
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary embeddings; q/k/v (and o) biases and an RMSNorm
+    over each head's queries and keys (`q_norm`, `k_norm`, before RoPE) where the config says."""
 
-    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         D, H, K, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_size
         kw = dict(dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT, rngs=rngs)
-        self.q_proj = nnx.Linear(D, H * hd, use_bias=cfg.attention_bias, **kw)
-        self.k_proj = nnx.Linear(D, K * hd, use_bias=cfg.attention_bias, **kw)
-        self.v_proj = nnx.Linear(D, K * hd, use_bias=cfg.attention_bias, **kw)
-        self.o_proj = nnx.Linear(H * hd, D, use_bias=False, **kw)
+        self.q_proj = nnx.Linear(D, H * hd, use_bias=cfg.qkv_bias, **kw)
+        self.k_proj = nnx.Linear(D, K * hd, use_bias=cfg.qkv_bias, **kw)
+        self.v_proj = nnx.Linear(D, K * hd, use_bias=cfg.qkv_bias, **kw)
+        self.o_proj = nnx.Linear(H * hd, D, use_bias=cfg.out_bias, **kw)
+        norm = dict(dtype=dtype, param_dtype=param_dtype)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **norm) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **norm) if cfg.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_size = H, K, hd
+
+    def _heads(self, proj, norm, x, n):
+        """x [B, T, D] -> proj(x) as n heads [B, T, n, hd], each normalized by `norm` (if any)."""
+        y = proj(x).reshape(x.shape[0], x.shape[1], n, self.head_size)
+        return y if norm is None else norm(y)
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
                  fused: tuple | None = None, last_slot=None):
@@ -247,31 +241,33 @@ class Qwen2Attention(nnx.Module):
         B, T, _ = x.shape
         H, K, hd = self.num_heads, self.num_kv_heads, self.head_size
         if fused is not None:
-            split = lambda y, n: y.reshape(B, y.shape[1], n, hd)  # noqa: E731
-            k = apply_rope(split(self.k_proj(x), K), cos, sin, heads_first=False)   # [B, T, K, hd]
-            v = split(self.v_proj(x), K)                                             # [B, T, K, hd]
+            k = apply_rope(self._heads(self.k_proj, self.k_norm, x, K), cos, sin,
+                           heads_first=False)                                        # [B, T, K, hd]
+            v = self._heads(self.v_proj, None, x, K)                                 # [B, T, K, hd]
             new_kv = (None if cache_kv is None else
                       _write_kv(cache_kv, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), index))
             if last_query_only:
                 xq, cq, sq = (_query_rows(a, last_slot) for a in (x, cos, sin))
-                q = apply_rope(split(self.q_proj(xq), H).transpose(0, 2, 1, 3), cq, sq)  # [B, H, 1, hd]
+                q = apply_rope(self._heads(self.q_proj, self.q_norm, xq, H).transpose(0, 2, 1, 3),
+                               cq, sq)                                               # [B, H, 1, hd]
                 slot = T - 1 if last_slot is None else last_slot[:, None]
                 visible = (jnp.arange(T)[None, :] <= slot) & (jnp.arange(T)[None, :] < mask[:, None])
                 out = attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3),
                                 visible[:, None, None, :]).transpose(0, 2, 1, 3)   # [B, 1, H, hd]
             else:
-                q = apply_rope(split(self.q_proj(x), H), cos, sin, heads_first=False)
+                q = apply_rope(self._heads(self.q_proj, self.q_norm, x, H), cos, sin,
+                               heads_first=False)
                 out = fused_attention(q, k, v, mask, *fused)                         # [B, T, H, hd]
             return self.o_proj(out.reshape(B, -1, H * hd)), new_kv
-        heads_first = lambda y, n: y.reshape(B, y.shape[1], n, hd).transpose(0, 2, 1, 3)  # noqa: E731
-        k = apply_rope(heads_first(self.k_proj(x), K), cos, sin)                  # [B, K, T, hd]
+        heads_first = lambda proj, norm, y, n: self._heads(proj, norm, y, n).transpose(0, 2, 1, 3)  # noqa: E731
+        k = apply_rope(heads_first(self.k_proj, self.k_norm, x, K), cos, sin)     # [B, K, T, hd]
         kt = k.transpose(0, 1, 3, 2)                                              # [B, K, hd, T]
-        v = heads_first(self.v_proj(x), K)                                       # [B, K, T, hd]
+        v = heads_first(self.v_proj, None, x, K)                                 # [B, K, T, hd]
         if last_query_only:
             x, cos, sin = (_query_rows(a, last_slot) for a in (x, cos, sin))
             mask = (mask[:, :, -1:] if last_slot is None else
                     jnp.take_along_axis(mask, last_slot[:, None, None, None], axis=2))
-        q = apply_rope(heads_first(self.q_proj(x), H), cos, sin)                  # [B, H, Tq, hd]
+        q = apply_rope(heads_first(self.q_proj, self.q_norm, x, H), cos, sin)     # [B, H, Tq, hd]
         new_kv = None
         if cache_kv is not None:
             new_kv = ck, cv = _write_kv(cache_kv, kt, v, index)
@@ -297,12 +293,13 @@ def _query_rows(x, last_slot):
     return jnp.take_along_axis(x, index, axis=1)
 
 
-class Qwen2MLP(nnx.Module):
+class MLP(nnx.Module):
     """down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         D, I = cfg.hidden_size, cfg.intermediate_size
-        kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT, rngs=rngs)
+        kw = dict(use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT,
+                  rngs=rngs)
         self.gate_proj = nnx.Linear(D, I, **kw)
         self.up_proj = nnx.Linear(D, I, **kw)
         self.down_proj = nnx.Linear(I, D, **kw)
@@ -311,52 +308,52 @@ class Qwen2MLP(nnx.Module):
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Qwen2DecoderLayer(nnx.Module):
-    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs):
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         norm = dict(dtype=dtype, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
-        self.self_attn = Qwen2Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
-        self.mlp = Qwen2MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
                  fused=None, last_slot=None):
         """x [B, T, D] -> (x' [B, Tq, D], new (k, v) or None); Tq = 1 with last_query_only (the
         layer's keys/values still cover all T tokens: slot T-1 or `last_slot` [B] queries), else
-        T. See Qwen2Attention."""
+        T. See Attention."""
         h, new_kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache_kv, index,
                                    last_query_only, fused, last_slot)
         x = (_query_rows(x, last_slot) if last_query_only else x) + h
         return x + self.mlp(self.post_attention_layernorm(x)), new_kv
 
 
-class Qwen2Model(nnx.Module):
+class Decoder(nnx.Module):
     """Embeddings, decoder layers and the final norm (HF's `model.` prefix).
 
-    scan_layers: `layers` is one Qwen2DecoderLayer whose weights are stacked on a leading [L] axis
+    scan_layers: `layers` is one DecoderLayer whose weights are stacked on a leading [L] axis
     (parameter paths `model.layers.mlp.up_proj.kernel` [L, D, I]), run by `jax.lax.scan`; else an
     `nnx.List` of L layers (`model.layers.3.mlp.up_proj.kernel` [D, I]). Both draw the same initial
     weights from the same rngs.
     """
 
-    def __init__(self, cfg: Qwen2Config, *, dtype, param_dtype, rngs: nnx.Rngs,
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
                  scan_layers: bool = False):
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                       param_dtype=param_dtype, embedding_init=_INIT, rngs=rngs)
-        layers = [Qwen2DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        layers = [DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
                   for _ in range(cfg.num_hidden_layers)]
         self.layers = stack_layers(layers) if scan_layers else nnx.List(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
 
 
-def stack_layers(layers: list) -> Qwen2DecoderLayer:
+def stack_layers(layers: list) -> DecoderLayer:
     """L identical-structure layers -> one layer whose every weight has a leading [L] axis."""
     graphdef = nnx.graphdef(layers[0])
     states = [nnx.state(layer) for layer in layers]
     return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
 
 
-def unstack_layers(stacked: Qwen2DecoderLayer) -> list:
+def unstack_layers(stacked: DecoderLayer) -> list:
     """Inverse of `stack_layers`: a layer with [L, ...] weights -> L layers."""
     graphdef, state = nnx.split(stacked)
     n = jax.tree.leaves(state)[0].shape[0]
@@ -375,8 +372,8 @@ def _remat_layer_output(layer, x, cos, sin, mask, fused=None):
 
 
 # --------------------------------------------------------------------------- the causal LM
-class Qwen2ForCausalLM(nnx.Module):
-    """Qwen2 causal language model.
+class CausalLM(nnx.Module):
+    """A causal language model of any registered family (`config.model_type`).
 
     `model(input_ids)` -> logits [B, T, V]. With `cache=` it returns `(logits, new_cache)`.
     `dtype` is the compute dtype, `param_dtype` the storage dtype of the weights. `remat=True`
@@ -388,11 +385,11 @@ class Qwen2ForCausalLM(nnx.Module):
     0.52 -> 0.56 GiB). No effect on the values.
 
     scan_layers: stacked layer weights run by `jax.lax.scan` (one compiled layer instead of L; see
-    Qwen2Model); same values as the unrolled form. attention: the training forward's attention
+    Decoder); same values as the unrolled form. attention: the training forward's attention
     path ('auto', 'einsum', 'xla', 'cudnn'; `resolve_attention`), used when rows are right-padded.
     """
 
-    def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
+    def __init__(self, config: DecoderConfig, *, dtype="float32", param_dtype="float32",
                  rngs: nnx.Rngs | None = None, remat: bool = False, batch_mesh=None,
                  scan_layers: bool = False, attention: str = "auto", lm_head: bool = True):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
@@ -404,7 +401,7 @@ class Qwen2ForCausalLM(nnx.Module):
         self.attention = attention
         self.dtype, self.param_dtype = resolve_dtype(dtype), resolve_dtype(param_dtype)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
-        self.model = Qwen2Model(config, scan_layers=scan_layers, **kw)
+        self.model = Decoder(config, scan_layers=scan_layers, **kw)
         self.lm_head = (None if config.tie_word_embeddings or not lm_head else
                         nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False,
                                    kernel_init=_INIT, **kw))
@@ -472,7 +469,9 @@ class Qwen2ForCausalLM(nnx.Module):
             causal = jnp.arange(S)[None, :] <= q_slots[:, None]              # [T, S]
             mask = (key_mask[:, None, None, :] & causal[None, None])          # [B, 1, T, S]
 
-        cos, sin = rope_cos_sin(positions, self.config.head_size, self.config.rope_theta)
+        cfg = self.config
+        cos, sin = rope_cos_sin(positions, inv_frequencies(cfg.head_size, cfg.rope_theta,
+                                                           cfg.rope_scaling))
         x = self._split_batch(self.model.embed_tokens(input_ids))
         run = self._scanned_layers if self.scan_layers else self._unrolled_layers
         x, kv = run(x, cos, sin, mask, cache, index, last_only, fused, last_slot)
@@ -558,18 +557,19 @@ class Qwen2ForCausalLM(nnx.Module):
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
 
 
-class Qwen2Critic(Qwen2ForCausalLM):
-    """A Qwen2 backbone with `num_heads` value heads and no LM head: Hugging Face's
-    `Qwen2ForTokenClassification` with `num_labels=num_heads` (1: the critic verl builds for PPO).
+class CriticModel(CausalLM):
+    """A decoder backbone with `num_heads` value heads and no LM head: Hugging Face's
+    `...ForTokenClassification` of the family (`Qwen2ForTokenClassification`, ...) with
+    `num_labels=num_heads` (1: the critic verl builds for PPO).
 
     `critic(input_ids, attention_mask=...)` -> values float32 [B, T] with one head, [B, T, H] with
     H = num_heads > 1, one per position (the value of the state that the tokens up to and
     including that position make; head h is one learned value, e.g. of one level of a hierarchy).
     The head `score` is a Linear(hidden, num_heads) with a bias, initialized as transformers does
-    a missing head: N(0, 0.02) weights, zero bias. The options are Qwen2ForCausalLM's.
+    a missing head: N(0, 0.02) weights, zero bias. The options are CausalLM's.
     """
 
-    def __init__(self, config: Qwen2Config, *, dtype="float32", param_dtype="float32",
+    def __init__(self, config: DecoderConfig, *, dtype="float32", param_dtype="float32",
                  rngs: nnx.Rngs | None = None, num_heads: int = 1, **options):
         num_heads = check_num_heads(num_heads)
         rngs = rngs if rngs is not None else nnx.Rngs(0)
@@ -593,7 +593,7 @@ class Qwen2Critic(Qwen2ForCausalLM):
         return values[..., 0] if self.num_heads == 1 else values
 
     def logits(self, hidden):
-        raise TypeError("a Qwen2Critic has no LM head: use values()")
+        raise TypeError("a CriticModel has no LM head: use values()")
 
 
 def check_num_heads(num_heads) -> int:
@@ -614,13 +614,13 @@ def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int):
     return (0.02 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32))).astype(dtype)
 
 
-def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0, num_heads: int = 1) -> Qwen2Critic:
-    """A Qwen2Critic whose backbone is a copy of `policy`'s (same layout, dtypes, placement and
+def critic_from_policy(policy: CausalLM, seed: int = 0, num_heads: int = 1) -> CriticModel:
+    """A CriticModel whose backbone is a copy of `policy`'s (same layout, dtypes, placement and
     options) with `num_heads` new value heads (`new_value_head`, seeded with `seed`): verl's
     critic, started from the policy's checkpoint."""
     options = dict(remat=policy.remat, batch_mesh=policy.batch_mesh, scan_layers=policy.scan_layers,
                    attention=policy.attention)
-    abstract = nnx.eval_shape(lambda: Qwen2Critic(policy.config, dtype=policy.dtype,
+    abstract = nnx.eval_shape(lambda: CriticModel(policy.config, dtype=policy.dtype,
                                                   param_dtype=policy.param_dtype,
                                                   rngs=nnx.Rngs(0), num_heads=num_heads, **options))
     graphdef, state = nnx.split(abstract)
@@ -635,7 +635,7 @@ def critic_from_policy(policy: Qwen2ForCausalLM, seed: int = 0, num_heads: int =
     return nnx.merge(graphdef, nnx.from_flat_state(filled))
 
 
-def cast_to_compute(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+def cast_to_compute(model: CausalLM) -> CausalLM:
     """The model with its floating-point weights stored in its compute dtype (`model.dtype`), e.g.
     fp32 master weights as bf16. Outputs are unchanged: every layer (Linear, Embed, RMSNorm) casts
     its weights to the compute dtype where it uses them. Inside a jitted program that loops over
@@ -652,7 +652,7 @@ def cast_to_compute(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
     return model
 
 
-def relayout_layers(model: Qwen2ForCausalLM, scan_layers: bool) -> Qwen2ForCausalLM:
+def relayout_layers(model: CausalLM, scan_layers: bool) -> CausalLM:
     """The model with its layers in the other layout (stacked for `scan_layers`, else a list of
     L layers), same weights (placed where XLA puts them: `hgpo_jax.rl.update.shard_params` puts them
     back on a mesh's partition rules). Changes `model` in place and returns it (unchanged when the
