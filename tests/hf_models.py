@@ -60,40 +60,33 @@ def hf_class(family: str, kind: int):
     return getattr(transformers, HF_CLASSES[family][kind])
 
 
-def randomize(model, seed: int = 0):
-    """Every weight random: norm scales near 1, the rest N(0, 0.08) (biases included)."""
+def random_model(make, folder=None, seed: int = 0, **save_kwargs):
+    """`make()` (a transformers model) with every weight random from `seed`: norm scales near 1,
+    the rest N(0, 0.08) (biases included); saved to `folder` when given."""
     torch.manual_seed(seed)
+    model = make().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.08)
+    if folder is not None:
+        model.save_pretrained(folder, **save_kwargs)
     return model
 
 
 def build_family_model(name: str, folder=None, seed: int = 0, **save_kwargs):
     """The transformers model of FAMILY_SHAPES[name] with every weight random, saved to `folder`."""
     family, shape = FAMILY_SHAPES[name]
-    model = randomize(hf_class(family, 1)(hf_class(family, 0)(**shape)).eval(), seed)
-    if folder is not None:
-        model.save_pretrained(folder, **save_kwargs)
-    return model
+    return random_model(lambda: hf_class(family, 1)(hf_class(family, 0)(**shape)), folder, seed,
+                        **save_kwargs)
 
 
 def build_hf_model(shape: dict, folder=None, seed: int = 0, **save_kwargs) -> HFQwen2ForCausalLM:
     """A transformers Qwen2 with every weight random (biases and norm scales included)."""
-    torch.manual_seed(seed)
-    model = HFQwen2ForCausalLM(HFQwen2Config(**shape)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.08)
-    if folder is not None:
-        model.save_pretrained(folder, **save_kwargs)
-    return model
+    return random_model(lambda: HFQwen2ForCausalLM(HFQwen2Config(**shape)), folder, seed,
+                        **save_kwargs)
 
 
 def hf_logits(model, input_ids, attention_mask=None) -> np.ndarray:

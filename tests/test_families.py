@@ -17,7 +17,7 @@ import torch
 import transformers
 from flax import nnx
 from hf_models import (FAMILY_SHAPES, HF_CLASSES, build_family_model, hf_class, hf_logits, load_hf,
-                       randomize)
+                       random_model)
 
 from hgpo_jax.models import (CausalLM, ConfigError, DecoderConfig, family_names, get_family,
                              load_pretrained, save_pretrained)
@@ -252,9 +252,8 @@ def toy_family_folder(tmp_path, family: str) -> str:
                                "llama_tied_llama3rope_gqa4"][1])
     shape.update(vocab_size=len(tokenizer.hf), eos_token_id=tokenizer.end_of_turn_id,
                  max_position_embeddings=2048)
-    hf = randomize(hf_class(family, 1)(hf_class(family, 0)(**shape)).eval())
     folder = str(tmp_path / f"toy-{family}")
-    hf.save_pretrained(folder)
+    random_model(lambda: hf_class(family, 1)(hf_class(family, 0)(**shape)), folder)
     tokenizer.save_pretrained(folder)
     return folder
 
