@@ -281,3 +281,25 @@ def test_a_toy_ppo_run_of_each_family_trains_and_exports(tmp_path, family):
         assert cfg["model_type"] == family and cfg["architectures"] == [HF_CLASSES[family][kind]]
         loaded = auto.from_pretrained(out, dtype=torch.float32)
         assert type(loaded).__name__ == HF_CLASSES[family][kind]
+
+
+def test_chat_templates_render_without_thinking_and_eos_ids_come_from_the_folder(tmp_path):
+    """A template with Qwen3's thinking switch is rendered with enable_thinking=False (verl-agent's
+    Qwen3 runs); generation_config.json's eos ids (Llama 3 Instruct lists three) end replies too,
+    while supervised replies still end with <|im_end|>."""
+    from hgpo_jax.models import load_tokenizer
+    from hgpo_jax.models.local import train_tokenizer
+
+    switch = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+              "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+              "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+              "{% endif %}{% endif %}")
+    tokenizer = train_tokenizer(["go to desk 1", "open drawer 2"] * 10, 300, chat_template=switch)
+    tokenizer.save_pretrained(str(tmp_path))
+    with open(tmp_path / "generation_config.json", "w") as f:
+        json.dump({"eos_token_id": [3, 7, tokenizer.end_of_turn_id]}, f)
+    loaded = load_tokenizer(tmp_path)
+    text = loaded.decode(loaded.chat_prompt([{"role": "user", "content": "go to desk 1"}]),
+                         skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert loaded.eos_token_ids[-2:] == [3, 7] and loaded.end_of_turn_id == tokenizer.end_of_turn_id
