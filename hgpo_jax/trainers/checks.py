@@ -121,17 +121,17 @@ def check_model_folder(cfg) -> None:
                                 f"{', '.join(TOKENIZER_FILES)}; copy them from the Hugging Face "
                                 "model folder")
     limit = _max_positions(config_json)
-    model_cfg = DecoderConfig.from_json_file(config_json)  # an unsupported family: ConfigError
-    problem = tensor_axis_problem(model_cfg.num_attention_heads, model_cfg.num_key_value_heads,
-                                  cfg.mesh.tensor)
-    if problem:
-        raise ValueError(f"{where}: {problem}")
     longest = r.max_prompt_tokens + r.max_new_tokens
     if limit is not None and longest > limit:
         raise ValueError(
             f"rollout.max_prompt_tokens + rollout.max_new_tokens = {r.max_prompt_tokens} + "
             f"{r.max_new_tokens} = {longest} is beyond the model's max_position_embeddings={limit} "
             f"({config_json}); lower them so that their sum is at most {limit}")
+    model_cfg = DecoderConfig.from_json_file(config_json)  # an unsupported family: ConfigError
+    problem = tensor_axis_problem(model_cfg.num_attention_heads, model_cfg.num_key_value_heads,
+                                  cfg.mesh.tensor)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
 
 
 def _max_positions(config_json: str) -> int | None:
