@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from hgpo_jax.problems import Problems, is_int, is_number, suggest
 
@@ -34,63 +35,6 @@ AGGS = ("token-mean", "seq-mean")  # the loss aggregation (rl.loss)
 INVALID_PENALTY = 0.1  # the paper's and the authors' invalid-action penalty
 ONE_SCORE_CONFLICT = ("stats='paper' gives each trajectory one score, which a penalty on single "
                       "rows (penalty_placement='row') cannot keep")
-
-
-# ------------------------------------------------------------------------------------- algorithms
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """One algorithm as the rest of the system sees it (`algo.estimator` = `name`).
-
-    family: the unit of `hgpo_jax.rl.algorithms` that runs it ("group": advantages from groups
-    of rollouts; "critic": a value model and GAE); critic_heads: value heads of its critic (0:
-    no critic); token_advantages: one advantage per response token ([S, L]) instead of one per
-    row ([S]); singleton_groups: a group of one rollout (rollout.group_size=1) makes sense;
-    agent: the reply format it needs (`agent.name`; None: any); sections: config sections it
-    reads besides `algo` (shown by `format_config` only for it); summary: one line for docs
-    and errors.
-    """
-
-    name: str
-    family: str
-    summary: str
-    critic_heads: int = 0
-    token_advantages: bool = False
-    singleton_groups: bool = False
-    agent: str | None = None
-    sections: tuple[str, ...] = ()
-
-    @property
-    def has_critic(self) -> bool:
-        return self.critic_heads > 0
-
-
-ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
-    AlgorithmSpec("grpo", "group", "each step gets its trajectory's normalized return"),
-    AlgorithmSpec("rloo", "group", "each step gets its trajectory's leave-one-out return"),
-    AlgorithmSpec("gigpo", "group", "grpo plus a step term over steps sharing the observation"),
-    AlgorithmSpec("hgpo", "group", "normalized returns in K+1 nested context groups, weighted"),
-    AlgorithmSpec("ppo", "critic", "a value model and GAE (verl-agent's PPO baseline)",
-                  critic_heads=1, token_advantages=True, singleton_groups=True,
-                  sections=("critic",)),
-    AlgorithmSpec("hiper", "hiper", "plan-execute replies trained with hierarchical advantage "
-                  "estimation and a three-head critic (HiPER)", critic_heads=3,
-                  token_advantages=True, singleton_groups=True, agent="plan-execute",
-                  sections=("critic",)),
-)}
-GROUP_ESTIMATORS = tuple(n for n, s in ALGORITHMS.items() if s.family == "group")
-
-
-def algorithm_names() -> tuple[str, ...]:
-    """Every `algo.estimator` value."""
-    return tuple(ALGORITHMS)
-
-
-def algorithm_spec(name: str) -> AlgorithmSpec:
-    """The declaration of algorithm `name`; a ValueError naming the known ones otherwise."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; use one of {', '.join(ALGORITHMS)}"
-                         + suggest(name, tuple(ALGORITHMS)))
-    return ALGORITHMS[name]
 
 
 # ------------------------------------------------------------------------------------- options
@@ -177,14 +121,19 @@ class GAEOptions(ReturnOptions):
 
 
 KEEP_PENALTY_MODES = ("normalized", "fixed")  # HiPER's keep penalty per KEEP turn: p / turns | p
+# HiPER's discount and turn-level lambda: verl's algorithm.gamma / lam, which the authors' release
+# scripts leave at 1.0 (the other options' defaults are their trainer's: keep and consistency
+# penalties 0, set per env by the presets: -0.3 / -0.3 on ALFWorld)
+HIPER_DEFAULTS = (("gamma", 1.0), ("lam", 1.0))
 
 
 @dataclass
 class HAEOptions(ReturnOptions):
-    """HiPER's hierarchical advantage estimation (docs/hiper.md; the authors' `algorithm.hae.*`).
-    Its turn-level lambda is `lam` (GAEOptions), its discount `gamma`, its invalid-reply penalty
-    `invalid_penalty`; the defaults of these fields are the other families' (a HiPER preset sets
-    the authors' gamma = lam = 1)."""
+    """HiPER's hierarchical advantage estimation (docs/hiper.md; the authors' `algorithm.hae.*`,
+    with their trainer's defaults). Its turn-level lambda is `lam` (GAEOptions), its discount
+    `gamma`, its invalid-reply penalty `invalid_penalty`; as HiPER's options their defaults are
+    `HIPER_DEFAULTS` (gamma = lam = 1). `rl.hae.hae_advantages` takes its keyword defaults from
+    `hiper_option_defaults()`."""
 
     lam_seg: float = 0.95  # hiper: GAE lambda over sub-goal segments (the SMDP level)
     keep_penalty: float = 0.0  # hiper: reward added on KEEP turns (the authors' runs: -0.3 ALFWorld, -3.5 WebShop)
@@ -250,6 +199,96 @@ class CriticOptions(Options):
         p.at_least("warmup_iterations", self.warmup_iterations, 0)
 
 
+# ------------------------------------------------------------------------------------- algorithms
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One algorithm as the rest of the system sees it (`algo.estimator` = `name`).
+
+    family: the unit of `hgpo_jax.rl.algorithms` that runs it ("group": advantages from groups
+    of rollouts; "critic": a value model and GAE); critic_heads: value heads of its critic (0:
+    no critic); token_advantages: one advantage per response token ([S, L]) instead of one per
+    row ([S]); singleton_groups: a group of one rollout (rollout.group_size=1) makes sense;
+    agent: the reply format it needs (`agent.name`; None: any); sections: config sections it
+    reads besides `algo` (shown by `format_config` only for it); summary: one line for docs
+    and errors.
+
+    Its options: `options`, the option classes whose fields it reads (besides the policy loss's,
+    `LossOptions`, which every algorithm reads), less `ignores`, the fields of those classes it
+    does not read; `defaults`, its own defaults where they differ from the classes' (its
+    authors' runs). `reads()` and `option_defaults()` give them; the config refuses an `algo`
+    key given for an algorithm that does not read it, and a config that switches algorithms
+    starts from the new one's defaults (`hgpo_jax.config`).
+    """
+
+    name: str
+    family: str
+    summary: str
+    critic_heads: int = 0
+    token_advantages: bool = False
+    singleton_groups: bool = False
+    agent: str | None = None
+    sections: tuple[str, ...] = ()
+    options: tuple[type, ...] = ()
+    ignores: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic_heads > 0
+
+    def reads(self) -> tuple[str, ...]:
+        """The `algo` keys of its own options (not the loss's, not `estimator`), in declaration
+        order."""
+        names = dict.fromkeys(f.name for cls in self.options for f in dataclasses.fields(cls))
+        return tuple(n for n in names if n not in self.ignores)
+
+    def option_defaults(self) -> dict[str, Any]:
+        """Every `algo` option but the loss's at this algorithm's default: the option classes'
+        defaults (`ALGO_OPTIONS`), then its own `defaults`."""
+        out = {}
+        for cls in ALGO_OPTIONS:
+            if cls is not LossOptions:
+                out.update({f.name: f.default for f in dataclasses.fields(cls)
+                            if f.name not in out})
+        return {**out, **dict(self.defaults)}
+
+
+HGPO_ONLY = ("K", "alpha", "level_weights", "base_group")  # the hierarchy's options
+ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
+    AlgorithmSpec("grpo", "group", "each step gets its trajectory's normalized return",
+                  options=(GroupOptions,), ignores=HGPO_ONLY + ("omega",)),
+    AlgorithmSpec("rloo", "group", "each step gets its trajectory's leave-one-out return",
+                  options=(GroupOptions,), ignores=HGPO_ONLY + ("omega", "mode", "eps")),
+    AlgorithmSpec("gigpo", "group", "grpo plus a step term over steps sharing the observation",
+                  options=(GroupOptions,), ignores=HGPO_ONLY),
+    AlgorithmSpec("hgpo", "group", "normalized returns in K+1 nested context groups, weighted",
+                  options=(GroupOptions,), ignores=("omega",)),
+    AlgorithmSpec("ppo", "critic", "a value model and GAE (verl-agent's PPO baseline)",
+                  critic_heads=1, token_advantages=True, singleton_groups=True,
+                  sections=("critic",), options=(GAEOptions,),
+                  defaults=(("gamma", 1.0),)),  # verl-agent's PPO runs: algorithm.gamma 1.0
+    AlgorithmSpec("hiper", "hiper", "plan-execute replies trained with hierarchical advantage "
+                  "estimation and a three-head critic (HiPER)", critic_heads=3,
+                  token_advantages=True, singleton_groups=True, agent="plan-execute",
+                  sections=("critic",), options=(GAEOptions, HAEOptions),
+                  defaults=HIPER_DEFAULTS),
+)}
+GROUP_ESTIMATORS = tuple(n for n, s in ALGORITHMS.items() if s.family == "group")
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every `algo.estimator` value."""
+    return tuple(ALGORITHMS)
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    """The declaration of algorithm `name`; a ValueError naming the known ones otherwise."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; use one of {', '.join(ALGORITHMS)}"
+                         + suggest(name, tuple(ALGORITHMS)))
+    return ALGORITHMS[name]
+
+
 # The options of the config's `algo` section, every family's (`hgpo_jax.config.AlgoConfig` takes
 # them all as bases, so each is a flat `algo.<key>`); a new family's options class goes here.
 ALGO_OPTIONS = (LossOptions, HAEOptions, GroupOptions, GAEOptions)
@@ -262,3 +301,17 @@ def one_score_conflict(estimator: str, stats: str, penalty_placement: str, inval
     estimator that uses episode scores (all but HGPO without its base group)."""
     return (stats == "paper" and penalty_placement == "row" and invalid_penalty > 0
             and (estimator != "hgpo" or bool(base_group)))
+
+
+def hiper_option_defaults() -> dict[str, Any]:
+    """HiPER's options at their defaults (`ALGORITHMS["hiper"].option_defaults()`): the one
+    source of the keyword defaults of `rl.hae.hae_advantages`."""
+    spec = ALGORITHMS["hiper"]
+    return {k: v for k, v in spec.option_defaults().items() if k in spec.reads()}
+
+
+def readers_of(key: str) -> tuple[str, ...]:
+    """The algorithms that read `algo` option `key` (every one for the loss's options)."""
+    if key in {f.name for f in dataclasses.fields(LossOptions)}:
+        return algorithm_names()
+    return tuple(n for n, s in ALGORITHMS.items() if key in s.reads())

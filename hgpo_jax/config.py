@@ -41,8 +41,9 @@ import yaml
 
 from hgpo_jax.algo_specs import (AGGS, ALGO_OPTIONS, GROUP_ESTIMATORS, KL_TYPES, LEVEL_WEIGHTS,
                                   MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, Options,
-                                  algorithm_names, algorithm_spec, one_score_conflict)
+                                  algorithm_names, algorithm_spec, one_score_conflict, readers_of)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
+from hgpo_jax.algo_specs import LossOptions
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.problems import Problems, closest, suggest
 
@@ -399,6 +400,7 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fiel
 TOP_LEVEL_SCALARS = ("name",)
 # sections that only some algorithms read (`AlgorithmSpec.sections`)
 SECTIONS_OF_ALGORITHMS = ("critic",)
+LOSS_KEYS = tuple(f.name for f in dataclasses.fields(LossOptions))  # read by every algorithm
 
 
 def algo_sections(cfg: Config) -> tuple[str, ...]:
@@ -546,12 +548,19 @@ def _renamed(section: str, sub: str, value: Any, where: str) -> tuple[str, str, 
     return new_section, new_sub, convert(value) if convert else value
 
 
-def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> Config:
+def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "",
+                  given: dict[str, str] | None = None) -> Config:
     """Merge a nested mapping (one YAML file's content, without `base`) into `cfg` in place.
 
-    `where` prefixes error messages (e.g. the file name).
+    `where` prefixes error messages (e.g. the file name). given: the `algo` options set so far
+    (key -> where), for `check_algo_keys`; when given, an `algo.estimator` that switches to
+    another algorithm first resets the algorithm's options to its defaults (`switch_algorithm`)
+    and forgets the keys set for the one before.
     """
     top_valid = list(TOP_LEVEL_SCALARS) + list(SECTIONS)
+    algo = mapping.get("algo") if isinstance(mapping, Mapping) else None
+    if given is not None and isinstance(algo, Mapping) and "estimator" in algo:
+        switch_algorithm(cfg, algo["estimator"], given)
     for key, value in mapping.items():
         if not isinstance(key, str):
             raise ConfigError(f"{where}config keys must be strings, got {key!r}")
@@ -570,11 +579,40 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "") -> C
                     raise ConfigError(f"{where}{key}: keys must be strings, got {sub!r}")
                 name, sub, sub_value = _renamed(key, sub, sub_value, where)
                 _set_field(getattr(cfg, name), sub, sub_value, f"{name}.", where)
+                if given is not None and name == "algo" and sub != "estimator":
+                    given[sub] = where
         elif key == BASE_KEY:
             raise ConfigError(f"{where}'base' is only allowed at the top of a YAML file")
         else:
             raise _unknown_key(key, top_valid, "", where)
     return cfg
+
+
+def switch_algorithm(cfg: Config, estimator: Any, given: dict[str, str]) -> None:
+    """Before `algo.estimator` is set to `estimator`: where that is another known algorithm than
+    the config's, its options (all but the policy loss's) start from the new algorithm's defaults
+    (`AlgorithmSpec.option_defaults`: e.g. HiPER's gamma = lam = 1) and the keys given for the
+    old one are forgotten (`given`). An unknown name is left to the validation."""
+    if estimator == cfg.algo.estimator or estimator not in algorithm_names():
+        return
+    for key, value in algorithm_spec(estimator).option_defaults().items():
+        setattr(cfg.algo, key, value)
+    given.clear()
+
+
+def check_algo_keys(cfg: Config, given: Mapping[str, str]) -> None:
+    """Refuse the `algo` options given (in a config file or an override: `given`, key -> where)
+    that the chosen algorithm does not read, naming the key and the algorithms that read it."""
+    if cfg.algo.estimator not in algorithm_names():
+        return  # the validation names the unknown algorithm
+    reads = set(algorithm_spec(cfg.algo.estimator).reads()) | set(LOSS_KEYS)
+    for key, where in given.items():
+        if key not in reads:
+            users = readers_of(key)
+            raise ConfigError(
+                f"{where}algo.{key} is not an option of algo.estimator={cfg.algo.estimator}, "
+                f"which never reads it (it is {', '.join(users)}'s); drop it, or choose "
+                f"{'that algorithm' if len(users) == 1 else 'one of those'}")
 
 
 def _section_switch_error(key: str, value: Any, where: str) -> ConfigError:
@@ -690,8 +728,9 @@ def _field_type(cfg: Config, key: str) -> Any | None:
     return None
 
 
-def apply_override(cfg: Config, text: str) -> Config:
-    """Apply one `section.key=value` (or `name=value`) override to cfg in place."""
+def apply_override(cfg: Config, text: str, given: dict[str, str] | None = None) -> Config:
+    """Apply one `section.key=value` (or `name=value`) override to cfg in place (`given`:
+    `apply_mapping`'s)."""
     key, value, raw = parse_override(text)
     tp = _field_type(cfg, key)
     str_field = tp is str or tp == (str | None)
@@ -701,16 +740,16 @@ def apply_override(cfg: Config, text: str) -> Config:
     where = f"override {text!r}: "
     if len(parts) == 1:
         if parts[0] in SECTIONS:
-            return apply_mapping(cfg, {parts[0]: value}, where)
+            return apply_mapping(cfg, {parts[0]: value}, where, given)
         if parts[0] in TOP_LEVEL_SCALARS:
-            return apply_mapping(cfg, {parts[0]: value}, where)
+            return apply_mapping(cfg, {parts[0]: value}, where, given)
         raise _unknown_key(parts[0], [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
     if len(parts) != 2:
         raise ConfigError(f"{where}keys have at most two parts (section.key), got {key!r}")
     section, sub = parts
     if section not in SECTIONS:
         raise _unknown_key(section, [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
-    return apply_mapping(cfg, {section: {sub: value}}, where)
+    return apply_mapping(cfg, {section: {sub: value}}, where, given)
 
 
 # ------------------------------------------------------------------------------------- public API
@@ -727,10 +766,12 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
     if isinstance(overrides, str):
         raise ConfigError("overrides must be a list of 'section.key=value' strings, not one string")
     cfg = Config()
+    given: dict[str, str] = {}  # the algo options set for the chosen algorithm (check_algo_keys)
     if source is not None:
         layers = config_layers(os.fspath(source))
         for path, data in layers:
-            apply_mapping(cfg, data, f"{path}: ")
+            saved = _is_saved_run_config(path)  # a run's own record holds every key: not checked
+            apply_mapping(cfg, data, f"{path}: ", None if saved else given)
         if "name" not in layers[-1][1]:
             cfg.name = os.path.splitext(os.path.basename(layers[-1][0]))[0]
         if _is_saved_run_config(layers[-1][0]) and "scan_layers" not in layers[-1][1].get("model", {}):
@@ -741,8 +782,10 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
                               f"{os.path.join(source, RUN_CHANGES_FILE)}: ")
             cfg.train.run_dir = os.path.abspath(source)
     for text in overrides:
-        apply_override(cfg, text)
-    return cfg.validate()
+        apply_override(cfg, text, given)
+    cfg.validate()  # a value out of range first, then a key the algorithm does not read
+    check_algo_keys(cfg, given)
+    return cfg
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -211,7 +211,8 @@ def test_a_new_algorithm_runs_in_the_trainer_with_no_change_there(tmp_path, monk
 
     monkeypatch.setitem(algo_specs.ALGORITHMS, "const", AlgorithmSpec(
         "const", "const", "every row's advantage is algo.omega",
-        token_advantages=token_advantages, singleton_groups=True))
+        token_advantages=token_advantages, singleton_groups=True,
+        options=(algo_specs.GroupOptions,), ignores=algo_specs.HGPO_ONLY))  # it reads omega
     monkeypatch.setitem(algorithms.FAMILIES, "const", ConstantAlgorithm)
     cfg = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path / 'run'}", "env.num_workers=1",
                                        "algo.estimator=const", "algo.omega=0.5",

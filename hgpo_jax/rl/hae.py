@@ -64,10 +64,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hgpo_jax.algo_specs import KEEP_PENALTY_MODES, hiper_option_defaults
 from hgpo_jax.rl.batching import bucket
 from hgpo_jax.rl.grouping import intern
 
-KEEP_PENALTY_MODES = ("normalized", "fixed")
+_HIPER = hiper_option_defaults()  # HiPER's options at their defaults: the keywords' defaults below
 NORM_EPS = 1e-8
 MIN_EPISODES = 8  # smallest E bucket
 MIN_TURNS = 8  # smallest T bucket
@@ -357,10 +358,13 @@ def _scalar(x, what: str) -> float:
 
 def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_high, v_term, *,
                    valid=None, subgoal_changed=None, has_subgoal=None, has_switch=None,
-                   gamma=1.0, lam_turn=1.0, lam_seg=0.95, keep_penalty=0.0,
-                   keep_penalty_mode="normalized", invalid_penalty=0.1,
-                   keep_consistency_penalty=0.0, bootstrap_truncated=False,
-                   normalize=True) -> HAEResult:
+                   gamma=_HIPER["gamma"], lam_turn=_HIPER["lam"], lam_seg=_HIPER["lam_seg"],
+                   keep_penalty=_HIPER["keep_penalty"],
+                   keep_penalty_mode=_HIPER["keep_penalty_mode"],
+                   invalid_penalty=_HIPER["invalid_penalty"],
+                   keep_consistency_penalty=_HIPER["keep_consistency_penalty"],
+                   bootstrap_truncated=_HIPER["bootstrap_truncated"],
+                   normalize=_HIPER["norm_adv"]) -> HAEResult:
     """HiPER's HAE over [N] rows in any order (see the module docstring for what is computed).
 
     Args:
@@ -377,6 +381,8 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
         a row with no span, or whose previous turn has none (`has_subgoal`), is never penalized.
       has_subgoal, has_switch: [N] bools, the row's reply has a sub-goal / switch span (None =
         all): the high level's tokens (on segment starts) and the termination level's.
+      Keyword defaults: HiPER's option defaults (`algo_specs.hiper_option_defaults`: `lam_turn`
+      is the option `lam`, `normalize` is `norm_adv`).
       gamma, lam_turn, lam_seg: discount and the two GAE lambdas.
       keep_penalty, keep_penalty_mode ("normalized" or "fixed"), invalid_penalty,
         keep_consistency_penalty: reward shaping. bootstrap_truncated: bootstrap a trajectory's
