@@ -292,6 +292,7 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
 # The options of the config's `algo` section, every family's (`hgpo_jax.config.AlgoConfig` takes
 # them all as bases, so each is a flat `algo.<key>`); a new family's options class goes here.
 ALGO_OPTIONS = (LossOptions, HAEOptions, GroupOptions, GAEOptions)
+LOSS_KEYS = tuple(f.name for f in dataclasses.fields(LossOptions))  # read by every algorithm
 
 
 def one_score_conflict(estimator: str, stats: str, penalty_placement: str, invalid_penalty: float,
@@ -312,6 +313,6 @@ def hiper_option_defaults() -> dict[str, Any]:
 
 def readers_of(key: str) -> tuple[str, ...]:
     """The algorithms that read `algo` option `key` (every one for the loss's options)."""
-    if key in {f.name for f in dataclasses.fields(LossOptions)}:
+    if key in LOSS_KEYS:
         return algorithm_names()
     return tuple(n for n, s in ALGORITHMS.items() if key in s.reads())

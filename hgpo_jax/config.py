@@ -43,7 +43,6 @@ from hgpo_jax.algo_specs import (AGGS, ALGO_OPTIONS, GROUP_ESTIMATORS, KL_TYPES,
                                   MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, Options,
                                   algorithm_names, algorithm_spec, one_score_conflict, readers_of)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
-from hgpo_jax.algo_specs import LossOptions
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.problems import Problems, closest, suggest
 
@@ -400,7 +399,6 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fiel
 TOP_LEVEL_SCALARS = ("name",)
 # sections that only some algorithms read (`AlgorithmSpec.sections`)
 SECTIONS_OF_ALGORITHMS = ("critic",)
-LOSS_KEYS = tuple(f.name for f in dataclasses.fields(LossOptions))  # read by every algorithm
 
 
 def algo_sections(cfg: Config) -> tuple[str, ...]:
@@ -605,10 +603,9 @@ def check_algo_keys(cfg: Config, given: Mapping[str, str]) -> None:
     that the chosen algorithm does not read, naming the key and the algorithms that read it."""
     if cfg.algo.estimator not in algorithm_names():
         return  # the validation names the unknown algorithm
-    reads = set(algorithm_spec(cfg.algo.estimator).reads()) | set(LOSS_KEYS)
     for key, where in given.items():
-        if key not in reads:
-            users = readers_of(key)
+        users = readers_of(key)
+        if cfg.algo.estimator not in users:
             raise ConfigError(
                 f"{where}algo.{key} is not an option of algo.estimator={cfg.algo.estimator}, "
                 f"which never reads it (it is {', '.join(users)}'s); drop it, or choose "

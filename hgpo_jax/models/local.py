@@ -20,6 +20,7 @@ import dataclasses
 import os
 
 from hgpo_jax.models.config import DecoderConfig
+from hgpo_jax.models.families import get_family
 from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE, Tokenizer
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -33,12 +34,12 @@ SIZES = {
                  num_attention_heads=8, num_key_value_heads=4),  # (~4.6 M)
 }
 # What a built model of each family sets beyond the preset size (the rest: the family's defaults,
-# e.g. Qwen3's per-head q/k norms, Llama's bias-free attention). Qwen3's head_dim is given
-# explicitly (its family default, 128, is larger than these models' hidden sizes); the tokenizer
-# and chat template are the same for every family.
+# e.g. Qwen3's per-head q/k norms, Llama's bias-free attention). A family with a head_dim default
+# of its own (Qwen3: 128, larger than these models' hidden sizes) gets hidden / heads explicitly;
+# the tokenizer and chat template are the same for every family.
 FAMILY_SETTINGS = {
     "qwen2": dict(rope_theta=1_000_000.0),
-    "qwen3": dict(rope_theta=1_000_000.0, head_dim="hidden/heads"),
+    "qwen3": dict(rope_theta=1_000_000.0),
     "llama": dict(rope_theta=500_000.0),
 }
 PIECE_BOUNDARY = r"['\[\]\n]"  # tokens never cross a quote, a bracket or a line break
@@ -78,7 +79,7 @@ def model_config(size: str, vocab_size: int, eos_token_id: int,
                          f"{sorted(FAMILY_SETTINGS)}")
     shape = SIZES[size]
     settings = dict(FAMILY_SETTINGS[family])
-    if settings.get("head_dim") == "hidden/heads":
+    if get_family(family).default_head_dim is not None:
         settings["head_dim"] = shape["hidden_size"] // shape["num_attention_heads"]
     return DecoderConfig(model_type=family, vocab_size=vocab_size,
                          max_position_embeddings=max_position_embeddings,
