@@ -549,9 +549,9 @@ def cmd_export(args) -> int:
                                 "checkpoints/)")
     check_export_folder(args.run_dir, args.out_dir, args.overwrite)
     if args.critic:
-        from hgpo_jax.runs import load_run_critic
+        from hgpo_jax.runs import load_run_state_model
 
-        model, tokenizer = load_run_critic(args.run_dir, progress=show_progress(args))
+        model, tokenizer = load_run_state_model(args.run_dir, progress=show_progress(args))
     else:
         model, tokenizer, _ = load_model(args.run_dir, progress=show_progress(args))
     out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, overwrite=args.overwrite)

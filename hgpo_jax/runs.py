@@ -1,5 +1,6 @@
 """What every training run (RL or supervised) shares: the run folder, the model, the optimizer,
-checkpoints and metrics; and loading a policy from any `model.path` (and a PPO run's critic).
+checkpoints and metrics; and loading a policy from any `model.path` (and the model a run's
+algorithm trains besides it: a PPO or HiPER run's critic).
 
     model, tokenizer, base = load_model(path, dtype="float32", mesh=mesh)
 
@@ -150,8 +151,8 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
     or is written; raises ValueError / FileExistsError saying what to do instead. Returns the
     changes a resume makes to the run's recorded config ({"section.key": (old, new)}; {} for a
     new run): a change of what the run is (not `config.is_run_setting`) is refused unless
-    `allow_change`, and an RL run's checkpoint must hold the critic its algorithm trains
-    (`check_resumed_critic`). `record` False (an evaluation reads the folder) checks nothing."""
+    `allow_change`, and an RL run's checkpoint must hold the state its algorithm keeps
+    (`check_resumed_state`). `record` False (an evaluation reads the folder) checks nothing."""
     from hgpo_jax.config import config_changes, is_run_folder, is_run_setting, load_config
 
     if not record:
@@ -188,35 +189,33 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
                          "as it was (hgpo-jax COMMAND RUN_DIR --resume, without those keys), or "
                          "pass --allow-change to record the change from the restored step on")
     if found and kind == "rl":
-        check_resumed_critic(cfg, recorded.algo.estimator, run_dir)
+        check_resumed_state(cfg, recorded.algo.estimator, run_dir)
     return changes
 
 
-def check_resumed_critic(cfg, recorded: str, run_dir: str) -> None:
-    """A resumed RL run's newest checkpoint must hold the critic `cfg.algo.estimator` trains: as
-    many value heads (none for an algorithm without a critic), or its arrays would not restore.
-    Reads the checkpoint's metadata alone; raises ValueError naming both and what to do
-    instead (recorded: the run's own algo.estimator, named when its critic fits)."""
+def check_resumed_state(cfg, recorded: str, run_dir: str) -> None:
+    """A resumed RL run's newest checkpoint must hold the state `cfg.algo.estimator` keeps (its
+    `rl.algorithms.state_signature`: e.g. a critic of as many value heads; none for the group
+    estimators), or its arrays would not restore. Reads the checkpoint's metadata alone; raises
+    ValueError naming both and what to do instead (recorded: the run's own algo.estimator, named
+    when its state fits)."""
     from hgpo_jax.algo_specs import ALGORITHMS
+    from hgpo_jax.rl.algorithms import describe_state, saved_state_signature, state_signature
 
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
-        have = checkpoint_critic_heads(ckpt)
+        have = saved_state_signature(ckpt.items(), ckpt.item_shapes)
     finally:
         ckpt.close()
-    want = cfg.algo.spec.critic_heads
+    want = state_signature(cfg.algo.spec)
     if have == want:
         return
-
-    def critic(heads: int) -> str:
-        return f"a critic of {heads} value head{'s' * (heads != 1)}" if heads else "no critic"
-
-    fits = [n for n, spec in ALGORITHMS.items() if spec.critic_heads == have]
+    fits = [n for n, spec in ALGORITHMS.items() if state_signature(spec) == have]
     was = recorded if recorded in fits else " or ".join(fits) or "the algorithm that wrote it"
-    raise ValueError(f"--resume: the checkpoint of {run_dir} holds {critic(have)}, but "
-                     f"algo.estimator={cfg.algo.estimator} trains {critic(want)}; resume it with "
-                     f"algo.estimator={was}, or start a new {cfg.algo.estimator} run from its "
-                     f"policy with model.path={run_dir}")
+    raise ValueError(f"--resume: the checkpoint of {run_dir} holds {describe_state(have, want)}, "
+                     f"but algo.estimator={cfg.algo.estimator} trains "
+                     f"{describe_state(want, have)}; resume it with algo.estimator={was}, or start "
+                     f"a new {cfg.algo.estimator} run from its policy with model.path={run_dir}")
 
 
 def build_optimizer(cfg, total_steps: int = 1):
@@ -292,43 +291,26 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
     return model, tokenizer, base
 
 
-def load_run_critic(run_dir: str, progress: bool = False):
-    """(the critic of a PPO run folder's latest checkpoint as a CriticModel, the tokenizer); as
-    many value heads as the checkpoint's critic has."""
-    from hgpo_jax.config import load_config
-    from hgpo_jax.models.decoder import critic_from_policy
+def load_run_state_model(run_dir: str, progress: bool = False):
+    """(the model a run folder's algorithm trains besides the policy, restored from its latest
+    checkpoint, the tokenizer): a PPO or HiPER run's critic (`Algorithm.state_model`)."""
     from hgpo_jax.algo_specs import ALGORITHMS
-    from hgpo_jax.rl.critic import critic_optimizer
+    from hgpo_jax.config import load_config
+    from hgpo_jax.rl.algorithms import family_of
 
     cfg = load_config(run_dir)
-    if not cfg.algo.spec.has_critic:
-        first, *more = [n for n, spec in ALGORITHMS.items() if spec.has_critic]
+    family = family_of(cfg.algo.spec)
+    if family.state_item is None:
+        first, *more = [n for n, spec in ALGORITHMS.items() if family_of(spec).state_item]
         also = f" (and a {', '.join(more)} run)" if more else ""
         raise ValueError(f"{run_dir} is an algo.estimator={cfg.algo.estimator} run; only a "
-                         f"{first} run has a critic{also}")
+                         f"{first} run has a {family_of(ALGORITHMS[first]).state_item}{also}")
     policy, tokenizer, _ = load_model(run_dir, progress=progress)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
-        heads = checkpoint_critic_heads(ckpt)
-        if not heads:
-            raise ValueError(f"the newest checkpoint of {run_dir} holds no critic")
-        graphdef, params = nnx.split(critic_from_policy(policy, num_heads=heads), nnx.Param)
-        like = {"critic": {"params": params,
-                           "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
-        state, _, _ = ckpt.restore_latest(like)
+        return family.state_model(cfg, policy, ckpt), tokenizer
     finally:
         ckpt.close()
-    return nnx.merge(graphdef, state["critic"]["params"]), tokenizer
-
-
-def checkpoint_critic_heads(ckpt: Checkpointer) -> int:
-    """The value heads of the critic in a run's newest checkpoint (its `score` kernel [D, H]; 0:
-    it holds no critic); no array is read."""
-    if "critic" not in ckpt.items():
-        return 0
-    kernel = ckpt.item_shapes("critic")["params"]["score"]["kernel"]  # nnx may wrap it: {"value": shape}
-    (shape,) = jax.tree.leaves(kernel, is_leaf=lambda x: isinstance(x, tuple))
-    return int(shape[-1])
 
 
 def check_process_mesh(mesh, mesh_cfg) -> None:
@@ -370,8 +352,8 @@ class Run:
     """A run folder with its model, optimizer, checkpoints and metrics.
 
     `state`: the run's device state, one pytree (a flax.struct dataclass with at least `params`
-    and `opt_state`: `PolicyState` here; the RL trainer's adds the reference policy, the critic
-    and the rollout key). Subclasses (the RL trainer, the supervised trainer) add their data,
+    and `opt_state`: `PolicyState` here; the RL trainer's adds the reference policy, the
+    algorithm's own state and the rollout key). Subclasses (the RL trainer, the supervised trainer) add their data,
     their step and their host loop state; what a checkpoint holds is said once per kind of run by
     `checkpoint_tree()` -> (arrays, meta) and `load_checkpoint_tree(arrays, meta)`: the arrays
     (Orbax) and the JSON-able loop state a resumed run needs to continue exactly, saved together.
@@ -483,7 +465,7 @@ class Run:
 
     def checkpoint_tree(self) -> tuple[dict, dict]:
         """(arrays, meta): what a checkpoint holds. arrays: the policy's params and optimizer
-        state as {"params", "opt_state"} (the RL trainer adds a PPO run's critic); meta: the
+        state as {"params", "opt_state"} (the RL trainer adds its algorithm's state); meta: the
         JSON-able loop state (the trainers add theirs: step or iteration, data order, rngs)."""
         return {"params": self.state.params, "opt_state": self.state.opt_state}, {"name": self.cfg.name}
 

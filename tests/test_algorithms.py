@@ -218,10 +218,67 @@ def test_a_new_algorithm_runs_in_the_trainer_with_no_change_there(tmp_path, monk
                                        "algo.estimator=const", "algo.omega=0.5",
                                        "rollout.group_size=1", "train.iterations=1"])
     with Trainer(cfg, progress=False) as trainer:
-        assert isinstance(trainer.algorithm, ConstantAlgorithm) and trainer.state.critic is None
+        assert isinstance(trainer.algorithm, ConstantAlgorithm) and trainer.state.algo_state is None
         assert trainer.algorithm.tokenizer is trainer.tokenizer  # for units that read the reply
         (metrics,) = trainer.train()
     assert metrics["const/rows"] == metrics["rollout/steps"] > 0
     assert metrics["train/mean_advantage"] == pytest.approx(0.5)
     assert metrics["train/std_advantage"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["train/updates"] >= 1 and np.isfinite(metrics["train/loss"])
+
+
+# ------------------------------------------------------------------------------------- the worked example
+def test_the_worked_example_adds_an_algorithm_with_its_own_option_and_state(tmp_path):
+    """tests/example_algorithm.py (docs/architecture.md, "How to add an algorithm"): an algorithm
+    declared with an option of its own and a device state, run end to end by the CLI in a fresh
+    process: its option is read and checked, refused for another algorithm; its state is made,
+    updated, saved as its own checkpoint item, restored on resume (the resumed iteration starts
+    from the saved baseline), and a resume by an algorithm without it is refused by name."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hgpo_jax.checkpoint import Checkpointer
+
+    run = tmp_path / "run"
+    base = ["tiny_cpu_toy", f"train.run_dir={run}", "env.num_workers=1", "--no-progress"]
+    commands = [
+        ["train", *base, "algo.estimator=grpo", "algo.baseline_decay=0.5"],   # not grpo's key
+        ["train", *base, "algo.estimator=ema", "algo.baseline_decay=2"],      # its own check
+        ["train", *base, "algo.estimator=ema", "algo.baseline_decay=0.5", "rollout.group_size=1",
+         "train.iterations=1"],
+        ["train", str(run), "--resume", "train.iterations=2", "--no-progress"],
+        ["train", str(run), "--resume", "--allow-change", "train.iterations=3",
+         "algo.estimator=grpo", "rollout.group_size=2", "--no-progress"],      # no baseline in grpo
+    ]
+    script = os.path.join(os.path.dirname(__file__), "example_algorithm.py")
+    done = subprocess.run([sys.executable, script, json.dumps(commands)], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert codes == [2, 2, 0, 0, 2], done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("hgpo-jax train: error:")]
+    assert len(errors) == 3, done.stderr[-3000:]
+    assert "algo.baseline_decay" in errors[0] and "ema" in errors[0] and "grpo" in errors[0]
+    assert "algo.baseline_decay=2.0: must be in [0, 1]" in errors[1]
+    assert ("holds an EMA baseline, but algo.estimator=grpo trains no ema; resume it with "
+            "algo.estimator=ema") in errors[2]
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "ema/baseline" in r}
+    assert sorted(steps) == [1, 2]
+    first = steps[1]
+    assert first["ema/baseline"] == 0.0                            # init_state
+    # the resumed run's advantages used the baseline its checkpoint saved: 0.5 x 0 + 0.5 x mean
+    assert steps[2]["ema/baseline"] == pytest.approx(0.5 * first["ema/batch_mean"], abs=1e-6)
+    import jax.numpy as jnp
+
+    ckpt = Checkpointer(run / "checkpoints", read_only=True)
+    try:
+        assert ckpt.steps() == [1, 2] and "ema" in ckpt.items()
+        state, _, step = ckpt.restore_latest({"ema": {"baseline": jnp.zeros((), jnp.float32)}})
+    finally:
+        ckpt.close()
+    expected = 0.5 * steps[2]["ema/baseline"] + 0.5 * steps[2]["ema/batch_mean"]
+    assert step == 2 and float(state["ema"]["baseline"]) == pytest.approx(expected, abs=1e-6)

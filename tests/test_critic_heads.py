@@ -200,13 +200,13 @@ def test_critic_rows_spec_and_gather_with_heads():
 def test_a_three_head_critic_built_on_a_mesh_lowers_each_heads_loss(tmp_path):
     """`Critic.build(num_heads=3)` on a 2-device mesh: values [S, W, 3], and updates of two
     micro-batches lower every head's loss (`critic/vf_loss` their sum); a run's checkpoint tells
-    how many heads its critic has (`runs.checkpoint_critic_heads`)."""
+    how many heads its critic has (`rl.algorithms.saved_state_signature`, from its metadata)."""
     from hgpo_jax.checkpoint import Checkpointer
     from hgpo_jax.config import load_config
     from hgpo_jax.models import make_mesh
     from hgpo_jax.rl.critic import Critic
     from hgpo_jax.rl.update import on_mesh
-    from hgpo_jax.runs import checkpoint_critic_heads
+    from hgpo_jax.rl.algorithms import saved_state_signature
 
     cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}", "critic.lr=1e-2"])
     mesh = make_mesh(2, 1, 1)
@@ -239,29 +239,37 @@ def test_a_three_head_critic_built_on_a_mesh_lowers_each_heads_loss(tmp_path):
     ckpt.close()
     reader = Checkpointer(tmp_path / "checkpoints", read_only=True)
     try:
-        assert checkpoint_critic_heads(reader) == 3
+        assert saved_state_signature(reader.items(), reader.item_shapes) == ("critic", 3)
     finally:
         reader.close()
 
 
-def test_plan_sizes_a_critic_of_three_heads():
-    """`plan_critic(num_heads=3)`: a one-head critic's parameters and two more head columns of
-    D + 1; a mini-batch without the head axis is refused."""
+def test_plan_sizes_the_critic_each_algorithm_runs():
+    """`Algorithm.plan_state` is the update the run compiles: HiPER's critic of three heads (a
+    one-head critic's parameters and two more head columns of D + 1) on mini-batches that carry
+    each head's value mask [M, W, 3]; PPO's of one head without one. `plan_state` compiles it."""
     import math
 
     from hgpo_jax.config import load_config
     from hgpo_jax.models import make_mesh
-    from hgpo_jax.trainers.plan import _sharded, plan_critic
+    from hgpo_jax.rl.algorithms import build_algorithm
+    from hgpo_jax.trainers.plan import plan_state
 
-    cfg = load_config("tiny_cpu_ppo", [f"rollout.max_new_tokens={WINDOW}"])
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     model_cfg = DecoderConfig(**SHAPE)
-    M, L = cfg.train.mini_batch_size, 16 + WINDOW
-    got = plan_critic(cfg, model_cfg, mesh, "einsum",
-                      _sharded(CriticRows.spec(M, L, window=WINDOW, num_heads=3), mesh), num_heads=3)
     one = nnx.state(nnx.eval_shape(lambda: CriticModel(model_cfg)), nnx.Param)
     one_count = sum(math.prod(x.shape) for x in jax.tree.leaves(one))
-    assert got["critic_params"] == one_count + 2 * (SHAPE["hidden_size"] + 1)
-    assert got["critic_step_bytes"] > 0
-    with pytest.raises(ValueError, match="do not fit 3 value heads"):
-        plan_critic(cfg, model_cfg, mesh, "einsum", CriticRows.spec(M, L, window=WINDOW), num_heads=3)
+    for name, heads in (("tiny_cpu_hiper", 3), ("tiny_cpu_ppo", 1)):
+        cfg = load_config(name, [f"rollout.max_new_tokens={WINDOW}"])
+        mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        M = cfg.train.mini_batch_size
+        sp = build_algorithm(cfg, mesh, 1).plan_state(model_cfg, "einsum")
+        assert sp.label == "critic" and sp.facts == {"heads": heads}
+        window = (M, WINDOW) + ((heads,) if heads > 1 else ())
+        assert sp.batch.values.shape == window
+        if heads > 1:  # HiPER's heads are each trained at their own positions
+            assert sp.batch.value_mask is not None and sp.batch.value_mask.shape == window
+        else:
+            assert sp.batch.value_mask is None
+        got = plan_state(sp, mesh)
+        assert got["critic_params"] == one_count + (heads - 1) * (SHAPE["hidden_size"] + 1)
+        assert got["critic_heads"] == heads and got["critic_step_bytes"] > 0

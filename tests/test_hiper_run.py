@@ -60,7 +60,7 @@ def run(trained):
 
 
 def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(trained):
-    from hgpo_jax.runs import load_run_critic
+    from hgpo_jax.runs import load_run_state_model
 
     run, metrics = trained
     for head in range(3):
@@ -71,7 +71,7 @@ def test_tiny_hiper_trains_in_the_unchanged_trainer_and_saves_three_heads(traine
     # a segment starts on turn 0 and on each SWITCH: 1 / (segment starts per turn)
     assert metrics["hiper/mean_segment_length"] == pytest.approx(1 / metrics["hiper/segments_per_turn"])
     assert np.isfinite(metrics["critic/explained_var"])
-    critic, _ = load_run_critic(str(run))
+    critic, _ = load_run_state_model(str(run))
     assert critic.num_heads == 3
 
 
@@ -94,7 +94,7 @@ def test_the_exported_critic_has_three_labels_and_transformers_reads_its_values(
     from hf_models import hf_logits
     from transformers import Qwen2ForTokenClassification
 
-    from hgpo_jax.runs import load_run_critic
+    from hgpo_jax.runs import load_run_state_model
 
     out = tmp_path / "critic"
     code, _, err = run_cli(capsys, "export", run, out, "--critic", "--no-progress")
@@ -104,7 +104,7 @@ def test_the_exported_critic_has_three_labels_and_transformers_reads_its_values(
     assert cfg["num_labels"] == 3 and len(cfg["id2label"]) == len(cfg["label2id"]) == 3
     hf = Qwen2ForTokenClassification.from_pretrained(out, dtype=torch.float32).eval()
     assert hf.config.num_labels == 3
-    ours, _ = load_run_critic(str(run))
+    ours, _ = load_run_state_model(str(run))
     ids = np.random.RandomState(0).randint(0, cfg["vocab_size"], (2, 9))
     mask = np.ones_like(ids)
     mask[1, 6:] = 0
@@ -116,7 +116,7 @@ def test_the_exported_critic_has_three_labels_and_transformers_reads_its_values(
 
 def test_a_resumed_hiper_run_goes_on_with_its_three_heads(run, tmp_path, capsys):
     from hgpo_jax.checkpoint import Checkpointer
-    from hgpo_jax.runs import checkpoint_critic_heads
+    from hgpo_jax.rl.algorithms import saved_state_signature
 
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
@@ -127,7 +127,8 @@ def test_a_resumed_hiper_run_goes_on_with_its_three_heads(run, tmp_path, capsys)
     assert [r["step"] for r in records if "hiper/switch_rate" in r] == [1, 2]
     ckpt = Checkpointer(copy / "checkpoints", read_only=True)
     try:
-        assert ckpt.steps()[-1] == 2 and checkpoint_critic_heads(ckpt) == 3
+        assert ckpt.steps()[-1] == 2
+        assert saved_state_signature(ckpt.items(), ckpt.item_shapes) == ("critic", 3)
     finally:
         ckpt.close()
 

@@ -330,8 +330,8 @@ def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
     uninterrupted run's, policy and critic alike; `hgpo-jax eval` reads the policy alone."""
     with Trainer(ppo_config(tmp_path / "straight", "train.iterations=2"), progress=False) as t:
         straight = t.train()
-        final = jax.tree.map(np.asarray, (t.params, t.state.critic.params))
-        head = np.asarray(t.state.critic.params["score"]["kernel"][...])
+        final = jax.tree.map(np.asarray, (t.params, t.state.algo_state.params))
+        head = np.asarray(t.state.algo_state.params["score"]["kernel"][...])
     for m in straight:
         for key in ("train/loss", "train/pg_loss", "critic/vf_loss", "critic/vf_clipfrac",
                     "critic/values_mean", "critic/returns_mean", "critic/grad_norm",
@@ -343,7 +343,7 @@ def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
         t.train()
     with Trainer(ppo_config(tmp_path / "resumed", "train.iterations=2"), resume=True, progress=False) as t:
         resumed = t.train()
-        again = jax.tree.map(np.asarray, (t.params, t.state.critic.params))
+        again = jax.tree.map(np.asarray, (t.params, t.state.algo_state.params))
     for key in ("train/loss", "critic/vf_loss", "critic/values_mean", "rollout/mean_step_reward"):
         assert resumed[0][key] == pytest.approx(straight[1][key], rel=1e-6, abs=1e-7), key
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), final, again)
@@ -357,11 +357,11 @@ def test_ppo_with_a_critic_trains_and_resumes_exactly(tmp_path):
     hf = AutoModelForTokenClassification.from_pretrained(out, dtype=torch.float32)
     np.testing.assert_allclose(hf.score.weight.detach().numpy().T, final[1]["score"]["kernel"][...], atol=1e-7)
     from hgpo_jax.config import save_config
-    from hgpo_jax.runs import load_run_critic
+    from hgpo_jax.runs import load_run_state_model
 
     save_config(toy_config(tmp_path / "grpo"), str(tmp_path / "grpo" / "config.yaml"))
     with pytest.raises(ValueError, match="only a ppo run has a critic"):
-        load_run_critic(str(tmp_path / "grpo"))
+        load_run_state_model(str(tmp_path / "grpo"))
 
 
 def test_ppo_critic_warm_up_holds_the_actor(tmp_path):
@@ -369,9 +369,9 @@ def test_ppo_critic_warm_up_holds_the_actor(tmp_path):
     with Trainer(ppo_config(tmp_path / "w", "train.iterations=1", "critic.warmup_iterations=3"),
                  progress=False) as t:
         before = jax.tree.map(np.asarray, t.params)
-        critic_before = jax.tree.map(np.asarray, t.state.critic.params)
+        critic_before = jax.tree.map(np.asarray, t.state.algo_state.params)
         (m,) = t.train()
         jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, t.params))
-        changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), critic_before, t.state.critic.params)
+        changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), critic_before, t.state.algo_state.params)
         assert any(jax.tree.leaves(changed))
     assert m["train/updates"] == 0 and "critic/vf_loss" in m

@@ -29,8 +29,8 @@ from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.decoder import resolve_attention
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
-from hgpo_jax.rl.algorithms import build_algorithm
-from hgpo_jax.rl.batching import CriticRows, PolicyRows
+from hgpo_jax.rl.algorithms import StatePlan, build_algorithm
+from hgpo_jax.rl.batching import PolicyRows
 from hgpo_jax.rl.update import batch_shardings, opt_state_shardings, param_shardings
 from hgpo_jax.runs import build_optimizer
 
@@ -161,9 +161,9 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     opt_shardings = opt_state_shardings(tx, params, mesh)
     abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
     L = r.max_prompt_tokens + r.max_new_tokens
-    M, W = t.mini_batch_size, r.max_new_tokens
+    M = t.mini_batch_size
     algorithm = build_algorithm(cfg, mesh, M // t.micro_batch_size)  # its state is never built
-    spec = algorithm.spec  # what the algorithm needs: token advantages, a critic
+    spec = algorithm.spec  # what the algorithm needs: token advantages
     minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=spec.token_advantages), mesh)
 
     step = algorithm.policy_step(graphdef, tx, mesh, shardings, opt_shardings)
@@ -190,17 +190,17 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     # Peak of the train step (arguments + temporaries; outputs alias the donated arguments),
     # plus the frozen reference weights that live beside it.
     out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
-    if spec.has_critic:  # the critic lives beside the policy all run; its step runs before the actor's
-        heads = spec.critic_heads
-        out.update(plan_critic(cfg, model_cfg, mesh, attention,
-                               _sharded(CriticRows.spec(M, L, window=W, num_heads=heads), mesh),
-                               num_heads=heads))
+    state_plan = algorithm.plan_state(model_cfg, attention)
+    state_resident = 0
+    if state_plan is not None:  # lives beside the policy all run; its step runs before the actor's
+        label = state_plan.label
+        out.update(plan_state(state_plan, mesh))
+        state_resident = out[f"{label}_params_bytes"] + out[f"{label}_opt_bytes"]
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
-        out["peak_bytes"] = max(out["peak_bytes"] + out["critic_params_bytes"] + out["critic_opt_bytes"],
-                                out["critic_step_bytes"] + resident_policy)
+        out["peak_bytes"] = max(out["peak_bytes"] + state_resident,
+                                out[f"{label}_step_bytes"] + resident_policy)
     if sampler:
-        resident = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"] + (
-            out.get("critic_params_bytes", 0) + out.get("critic_opt_bytes", 0))
+        resident = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"] + state_resident
         out.update(plan_sampler(cfg, graphdef, abs_params, mesh, resident))
     return out
 
@@ -211,39 +211,24 @@ def _sharded(spec, mesh):
                         spec, batch_shardings(mesh, spec))
 
 
-def plan_critic(cfg, model_cfg: DecoderConfig, mesh, attention: str, mb: CriticRows,
-                num_heads: int = 1) -> dict:
-    """Per-device bytes of a run's critic (`rl.critic`) of `num_heads` value heads: its weights,
-    its AdamW state and the peak of its update step (arguments + temporaries); its parameter
-    count and its heads (`critic_heads`, which the printed plan names). mb: the abstract
-    mini-batch, `CriticRows.spec(..., num_heads=num_heads)`."""
-    from hgpo_jax.models.decoder import CriticModel
-    from hgpo_jax.rl.batching import head_axis
-    from hgpo_jax.rl.critic import critic_optimizer, make_critic_step
-
-    if tuple(mb.values.shape[2:]) != head_axis(num_heads):
-        raise ValueError(f"plan_critic: mini-batch values {tuple(mb.values.shape)} do not fit "
-                         f"{num_heads} value heads; make it with CriticRows.spec(..., "
-                         f"num_heads={num_heads})")
-    t, c = cfg.train, cfg.critic
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: CriticModel(
-        model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype, rngs=nnx.Rngs(0),
-        remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers, attention=attention,
-        num_heads=num_heads)), nnx.Param)
-    shardings = param_shardings(mesh, params)
-    tx = critic_optimizer(cfg)
-    opt_shardings = opt_state_shardings(tx, params, mesh)
-    abs_params = _abstract(params, shardings)
-    abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
-    step = make_critic_step(graphdef, tx, c.cliprange_value, cfg.rollout.max_new_tokens,
-                            t.mini_batch_size // t.micro_batch_size, mesh, shardings, opt_shardings,
-                            num_heads)
-    mem = step.lower(abs_params, abs_opt, mb).compile(
+def plan_state(sp: StatePlan, mesh) -> dict:
+    """Per-device bytes of the model an algorithm trains besides the policy (`StatePlan`, from
+    `Algorithm.plan_state`: the step the run compiles, here on abstract weights): its weights, its
+    optimizer state and the peak of its update step (arguments + temporaries), as
+    `{label}_params_bytes`, `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count
+    `{label}_params`, its `facts` as `{label}_{key}`, and `state_label`, `state_detail` for the
+    printed plan."""
+    abs_params = _abstract(sp.params, sp.shardings)
+    abs_opt = _abstract(jax.eval_shape(sp.tx.init, sp.params), sp.opt_shardings)
+    mem = sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh)).compile(
         compiler_options=plan_compiler_options(mesh)).memory_analysis()
-    return {"critic_params": sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
-            "critic_heads": num_heads,
-            "critic_params_bytes": _bytes_per_device(abs_params),
-            "critic_opt_bytes": _bytes_per_device(abs_opt), "critic_step_bytes": _step_peak_bytes(mem)}
+    label = sp.label
+    return {"state_label": label, "state_detail": sp.detail,
+            f"{label}_params": sum(math.prod(x.shape) for x in jax.tree.leaves(sp.params)),
+            **{f"{label}_{k}": v for k, v in sp.facts.items()},
+            f"{label}_params_bytes": _bytes_per_device(abs_params),
+            f"{label}_opt_bytes": _bytes_per_device(abs_opt),
+            f"{label}_step_bytes": _step_peak_bytes(mem)}
 
 
 def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
@@ -252,7 +237,8 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     abstract weights, as the trainer runs them (the policy's master weights, so no second copy).
 
     resident_bytes: what training keeps on each device during a rollout (master weights,
-    optimizer state, reference weights; a critic and its optimizer state where there is one).
+    optimizer state, reference weights; the algorithm's own model and its optimizer state where
+    it has one: a critic).
     Each program's own bytes are its arguments less the weights (already resident), its
     temporaries and its outputs that do not alias an argument; the prefill's output is the
     decode's carry (the KV cache). sampler_peak_bytes = resident + the larger of the two.
@@ -305,13 +291,22 @@ def format_plan(p: dict) -> str:
         f"    reference parameters  {g(p['ref_params_bytes'])}",
         f"    step arguments        {g(p['argument_bytes'])}  (params + opt state + mini-batch)",
         f"    step temporaries      {g(p['temp_bytes'])}  (gradients, activations, logits chunks)",
-    ] + ([f"    critic parameters     {g(p['critic_params_bytes'])}  ({p['critic_params'] / 1e9:.2f} B, "
-          f"{p['critic_heads']} value head{'s' * (p['critic_heads'] != 1)}, no LM head)",
-          f"    critic optimizer      {g(p['critic_opt_bytes'])}",
-          f"    critic step peak      {g(p['critic_step_bytes'])}  (its arguments + temporaries)"]
-         if "critic_params_bytes" in p else []) + [
+    ] + _format_state(p) + [
         f"    estimated peak        {g(p['peak_bytes'])}",
     ] + (_format_sampler(p) if "sampler_peak_bytes" in p else []))
+
+
+def _format_state(p: dict) -> list[str]:
+    """The lines of the algorithm's own model (`plan_state`), none without one."""
+    if "state_label" not in p:
+        return []
+    g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
+    label = p["state_label"]
+    return [f"    {label + ' parameters':<22}{g(p[label + '_params_bytes'])}  "
+            f"({p[label + '_params'] / 1e9:.2f} B, {p['state_detail']})",
+            f"    {label + ' optimizer':<22}{g(p[label + '_opt_bytes'])}",
+            f"    {label + ' step peak':<22}{g(p[label + '_step_bytes'])}  "
+            "(its arguments + temporaries)"]
 
 
 def _format_sampler(p: dict) -> list[str]:
@@ -327,7 +322,7 @@ def _format_sampler(p: dict) -> list[str]:
         + f", cache {p['sampler_cache_dtype']} (compiled in {p['sampler_compile_s']:.1f}s)",
         "  per device during a rollout:",
         f"    resident from training {g(p['sampler_resident_bytes'])}  (params + opt state + reference"
-        + (" + critic)" if "critic_params_bytes" in p else ")"),
+        + (f" + {p['state_label']})" if "state_label" in p else ")"),
         f"    KV cache               {g(p['sampler_cache_bytes'])}",
         f"    prefill                {g(p['sampler_prefill_bytes'])}  (temporaries "
         f"{p['sampler_prefill_temp_bytes'] / GIB:.2f} + outputs {p['sampler_prefill_output_bytes'] / GIB:.2f}"
@@ -338,10 +333,16 @@ def _format_sampler(p: dict) -> list[str]:
     ]
 
 
-# Keys of `plan()`'s result that `plan_json` puts in its "train_step" and "sampler" sections.
+# Keys of `plan()`'s result that `plan_json` puts in its "train_step" and "sampler" sections
+# (and, with an algorithm's own model, `plan_state`'s `{label}_*_bytes`).
 _TRAIN_KEYS = ("params_bytes", "opt_bytes", "ref_params_bytes", "argument_bytes", "output_bytes",
-               "temp_bytes", "alias_bytes", "critic_params_bytes", "critic_opt_bytes",
-               "critic_step_bytes")
+               "temp_bytes", "alias_bytes")
+_STATE_KEYS = ("params_bytes", "opt_bytes", "step_bytes")
+
+
+def _train_keys(p: dict) -> tuple[str, ...]:
+    label = p.get("state_label")
+    return _TRAIN_KEYS + (tuple(f"{label}_{k}" for k in _STATE_KEYS) if label else ())
 
 
 def plan_json(p: dict) -> dict:
@@ -349,13 +350,14 @@ def plan_json(p: dict) -> dict:
     "Memory plan", names every key): byte counts become GiB (`*_gib`), grouped into
     "train_step" and "sampler" (present with --sampler) sections; the rest stays at the top."""
     gib = lambda b: round(b / GIB, 4)  # noqa: E731
+    train_keys = _train_keys(p)
     top = {k: v for k, v in p.items()
-           if k not in _TRAIN_KEYS and k != "peak_bytes" and not k.startswith("sampler_")
+           if k not in train_keys and k != "peak_bytes" and not k.startswith("sampler_")
            and k not in ("seq_len", "mini_batch", "micro_batch", "compile_s")}
     train = {"seq_len": p["seq_len"], "mini_batch": p["mini_batch"],
              "micro_batch": p["micro_batch"], "compile_s": round(p["compile_s"], 2),
              "peak_gib": gib(p["peak_bytes"])}
-    train.update({k.replace("_bytes", "_gib"): gib(p[k]) for k in _TRAIN_KEYS if k in p})
+    train.update({k.replace("_bytes", "_gib"): gib(p[k]) for k in train_keys if k in p})
     out = dict(top, train_step=train)
     if "sampler_peak_bytes" in p:
         sampler = {}

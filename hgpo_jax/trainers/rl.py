@@ -41,7 +41,6 @@ from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_alg
 from hgpo_jax.rl.batching import (MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
                                    gather_rows, length_ladder, minibatch_indices, pack_rows,
                                    packed_shape, take_micro, token_budget_micro_batches)
-from hgpo_jax.rl.critic import CriticState
 from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn, on_mesh
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
@@ -178,14 +177,15 @@ def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, l
 class TrainState:
     """The RL run's device state, one pytree: the policy's params and AdamW state, the frozen
     reference policy (the initial one: model.path gives it back, so checkpoints leave it out),
-    the rollout PRNG key, and the algorithm's own state (`Algorithm.init_state`: a critic's
-    `rl.critic.CriticState`; None without one)."""
+    the rollout PRNG key, and the algorithm's own state (`Algorithm.init_state`, whatever the
+    algorithm keeps: a critic's params and optimizer state for PPO and HiPER; None for the group
+    estimators)."""
 
     params: Any
     opt_state: Any
     ref_params: Any
     key: jax.Array
-    critic: CriticState | None = None
+    algo_state: Any = None
 
 
 @dataclasses.dataclass
@@ -210,13 +210,13 @@ class LoopState:
 # --------------------------------------------------------------------------- the trainer
 class Trainer(Run):
     """The RL run: the env pool, the device state (`TrainState`: policy, optimizer state,
-    reference, critic, key), the loop state (`LoopState`), checkpoints and metrics
+    reference, the algorithm's state, key), the loop state (`LoopState`), checkpoints and metrics
     (`hgpo_jax.runs.Run` holds what it shares with the supervised trainer).
 
     One iteration (`run_iteration`) is four stages over typed values, then one reduction:
     collect (rollouts) -> rows (`StepRows`: packing, old and reference log-probs, linked turns)
     -> advantages (the algorithm's unit, `rl.algorithms`, built once from the config's
-    declaration) -> update (the unit's critic, then the policy) -> metrics (per-row statistics
+    declaration) -> update (the unit's own state, then the policy) -> metrics (per-row statistics
     reduced over processes in one place)."""
 
     def __init__(self, cfg, *, resume: bool = False, progress: bool = True, record: bool = True,
@@ -236,7 +236,7 @@ class Trainer(Run):
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
                                     ref_params=jax.tree.map(jnp.copy, self.state.params),
                                     key=jax.random.PRNGKey(t.seed),
-                                    critic=self.algorithm.init_state(self.model(), t.seed))
+                                    algo_state=self.algorithm.init_state(self.model(), t.seed))
             self.train_step = self.algorithm.policy_step(self.graphdef, self.tx, self.mesh,
                                                          self.shardings, self.opt_shardings)
             self.budget = t.max_tokens_per_micro_batch  # token-budget micro-batches (0: fixed)
@@ -277,19 +277,20 @@ class Trainer(Run):
 
     # ------------------------------------------------------------------ the checkpoint
     def checkpoint_tree(self) -> tuple[dict, dict]:
-        """arrays: the policy's params and optimizer state, the algorithm's state (a critic)
-        under "critic";
-        meta: the loop state and the rollout key."""
+        """arrays: the policy's params and optimizer state, and the algorithm's state under its
+        `Algorithm.state_item` (when it keeps one); meta: the loop state and the rollout key."""
         arrays, meta = super().checkpoint_tree()
-        if self.state.critic is not None:
-            arrays["critic"] = {"params": self.state.critic.params,
-                                "opt_state": self.state.critic.opt_state}
+        item = self.algorithm.state_item
+        if item is not None:
+            arrays[item] = self.algorithm.state_arrays(self.state.algo_state)
         return arrays, {**meta, **self.loop.to_meta(), "key": np.asarray(self.state.key).tolist()}
 
     def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
         super().load_checkpoint_tree(arrays, meta)
-        critic = None if self.state.critic is None else CriticState(**arrays["critic"])
-        self.state = self.state.replace(critic=critic, key=jnp.asarray(meta["key"], jnp.uint32))
+        item = self.algorithm.state_item
+        algo_state = None if item is None else self.algorithm.restore_state(arrays[item])
+        self.state = self.state.replace(algo_state=algo_state,
+                                        key=jnp.asarray(meta["key"], jnp.uint32))
         self.loop.load_meta(meta)
 
     def policy(self, temperature: float) -> Policy:
@@ -309,7 +310,7 @@ class Trainer(Run):
             return metrics
         rows = self.step_rows(batch)
         t_logp = time.perf_counter()
-        adv = self.algorithm.advantages(rows, self.state.critic, functools.partial(
+        adv = self.algorithm.advantages(rows, self.state.algo_state, functools.partial(
             self._per_micro_batch, arrays=rows.token_rows()))
         t_adv = time.perf_counter()
         metrics.update(adv.metrics)
@@ -357,7 +358,7 @@ class Trainer(Run):
 
     def update(self, rows: StepRows, adv: Advantages) -> dict[str, float]:
         """Stage 4: `ppo_epochs` passes over shuffled mini-batches (every process the same count:
-        inert ones fill in), the algorithm's critic updates first (verl's order), then the
+        inert ones fill in), the algorithm's own state updates first (a critic: verl's order), then the
         policy's (when `Algorithm.updates_policy`). -> the updates' mean metrics."""
         t = self.cfg.train
         mini = t.mini_batch_size // self.procs
@@ -369,8 +370,9 @@ class Trainer(Run):
             order += batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
 
         policy_rows = rows.policy_rows(adv)
-        critic, records = self.algorithm.update_critic(self.state.critic, rows, adv, order, self.mesh)
-        self.state = self.state.replace(critic=critic)
+        algo_state, records = self.algorithm.update_state(self.state.algo_state, rows, adv, order,
+                                                          self.mesh)
+        self.state = self.state.replace(algo_state=algo_state)
         metrics = _mean_metrics(records)
         records = []
         if self.algorithm.updates_policy(self.iteration):

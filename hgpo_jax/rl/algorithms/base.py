@@ -5,18 +5,24 @@ dict that stages mutate):
 
     rows = StepRows(batch, tokens, old_logp, ref_logp, turns)   # the trainer packs them
     adv = algorithm.advantages(rows, state, rows_pass)          # -> Advantages (typed)
-    state, metrics = algorithm.update_critic(state, rows, adv, order)
+    state, metrics = algorithm.update_state(state, rows, adv, order, mesh)
     policy_rows = rows.policy_rows(adv)                          # -> rl.batching.PolicyRows
 
-`Algorithm` is one family's unit (`hgpo_jax.rl.algorithms.group`, `.critic`): built from the
-config and its declaration (`hgpo_jax.algo_specs.AlgorithmSpec`), it provides the advantage
-stage, the critic's update (none without a critic), the policy's loss settings and train steps
-(its loss pieces), and its device state (a critic's params and optimizer state; None without one).
+`Algorithm` is one family's unit (`hgpo_jax.rl.algorithms.group`, `.critic`, `.hiper`): built
+from the config and its declaration (`hgpo_jax.algo_specs.AlgorithmSpec`), it provides the
+advantage stage, the policy's loss settings and train steps (its loss pieces), and owns its
+device state (a critic's params and optimizer state; None for the group estimators): it creates
+it (`init_state`), updates it (`update_state`), saves and restores it (`state_item`,
+`state_arrays`, `restore_state`), says what a checkpoint must hold to resume it
+(`state_signature`, `checkpoint_signature`, `describe_state`), exports the model it trains
+(`state_model`) and gives `plan` the program that updates it (`plan_state`). The trainer,
+`runs` and `plan` only call these; none of them knows what the state is.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -125,6 +131,27 @@ class Advantages:
     value_mask: np.ndarray | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class StatePlan:
+    """What `hgpo-jax plan` compiles for an algorithm's own trained model, exactly as the run
+    builds it: `step` jit(params, opt_state, batch) -> (params, opt_state, metrics) on the run's
+    mesh, its abstract `params` (`nnx.Param` state of ShapeDtypeStructs) with their `shardings`,
+    its optimizer `tx` with `opt_shardings`, and `batch` the abstract mini-batch
+    (`rl.batching.CriticRows.spec`, unsharded). label: the plan's name for it ("critic"); detail:
+    what the printed plan says of it ("3 value heads, no LM head"); facts: more of it for the
+    plan's JSON, as `{label}_{key}` (e.g. {"heads": 3})."""
+
+    label: str
+    detail: str
+    params: Any
+    shardings: Any
+    tx: Any
+    opt_shardings: Any
+    step: Callable
+    batch: Any
+    facts: dict = dataclasses.field(default_factory=dict)
+
+
 def scoring_temperature(rollout) -> float:
     """The temperature the trainer scores log-probs at (old, reference and the updated policy's,
     with the entropy and the KL): the rollout's, so the policy trained is the one sampled, as
@@ -146,8 +173,13 @@ class Algorithm:
     `CriticAlgorithm`). Built once per run by `hgpo_jax.rl.algorithms.build_algorithm`.
 
     spec: its declaration; mesh: the run's; num_micro: micro-batches per mini-batch; tokenizer:
-    the policy's (for a unit that reads the reply's tokens; None in `plan`); state: its device state at the start of a run (`init_state`), which
-    the trainer keeps in `TrainState.critic` and checkpoints under "critic"."""
+    the policy's (for a unit that reads the reply's tokens; None in `plan`).
+
+    Its device state (None here: the group estimators have none) is made by `init_state`, kept
+    by the trainer (`TrainState.algo_state`), updated by `update_state` and saved in each
+    checkpoint as the item `state_item` (`state_arrays` -> the saved tree -> `restore_state`)."""
+
+    state_item: str | None = None  # the checkpoint item that holds its state (None: no state)
 
     def __init__(self, cfg, spec: AlgorithmSpec, mesh=None, num_micro: int = 1, tokenizer=None):
         self.cfg, self.spec, self.mesh, self.num_micro = cfg, spec, mesh, num_micro
@@ -174,10 +206,55 @@ class Algorithm:
                                       opt_shardings, window=self.cfg.rollout.max_new_tokens,
                                       token_advantages=self.spec.token_advantages)
 
-    # ------------------------------------------------------------------ its own state and stages
+    # ------------------------------------------------------------------ its own state
     def init_state(self, policy, seed: int) -> Any:
         """The unit's device state at the start of a run (None: it has none)."""
         return None
+
+    def state_arrays(self, state: Any) -> Any:
+        """The tree of arrays a checkpoint saves under `state_item` (None without a state); also
+        the target a restore reads into."""
+        return None
+
+    def restore_state(self, arrays: Any) -> Any:
+        """The state back from the tree `state_arrays` gave, restored from a checkpoint."""
+        return None
+
+    def update_state(self, state: Any, rows: StepRows, adv: Advantages,
+                     order: list[np.ndarray], mesh) -> tuple[Any, list[dict]]:
+        """Update the unit's own model on the mini-batches `order` (row indices, -1 inert) before
+        the policy's updates -> (state, one metrics dict per update); none without a state."""
+        return state, []
+
+    def plan_state(self, model_cfg, attention: str) -> StatePlan | None:
+        """The program that updates the unit's state, for `plan` (None: it has none)."""
+        return None
+
+    @classmethod
+    def state_signature(cls, spec: AlgorithmSpec) -> Hashable | None:
+        """What a checkpoint's `state_item` must hold for algorithm `spec` to resume from it
+        (compared with `checkpoint_signature`'s); None: no state."""
+        return None
+
+    @classmethod
+    def checkpoint_signature(cls, item_shapes: Any) -> Hashable:
+        """The signature of a saved state from its arrays' shapes alone (the item's tree of shape
+        tuples, `checkpoint.Checkpointer.item_shapes`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def describe_state(cls, signature: Hashable) -> str:
+        """A signature in words, for messages ("a critic of 3 value heads")."""
+        raise NotImplementedError
+
+    @classmethod
+    def state_model(cls, cfg, policy, ckpt) -> Any:
+        """The model its state trains, restored from the newest checkpoint of `ckpt` (a read-only
+        `checkpoint.Checkpointer`) of a run of `cfg` whose policy is `policy` (`hgpo-jax export
+        --critic`). Raises ValueError when the algorithm trains no model of its own."""
+        raise ValueError(f"algo.estimator={cfg.algo.estimator} trains no model besides the policy")
+
+    # ------------------------------------------------------------------ its stages
 
     def advantages(self, rows: StepRows, state: Any, rows_pass) -> Advantages:
         """Each row's advantage. rows_pass(fn, params, width=None) runs a jitted
@@ -185,13 +262,6 @@ class Algorithm:
         micro-batches -> [S, L] (or [S, width])."""
         raise NotImplementedError
 
-    def update_critic(self, state: Any, rows: StepRows, adv: Advantages,
-                      order: list[np.ndarray], mesh) -> tuple[Any, list[dict]]:
-        """Update the unit's own model on the mini-batches `order` (row indices, -1 inert) before
-        the policy's updates -> (state, one metrics dict per update); none without a critic."""
-        return state, []
-
     def updates_policy(self, iteration: int) -> bool:
-        """Whether the policy is updated at 0-based `iteration`: from iteration
-        `critic.warmup_iterations` on (at least the first) when the algorithm has a critic."""
-        return not self.spec.has_critic or self.cfg.critic.warmup_iterations <= iteration + 1
+        """Whether the policy is updated at 0-based `iteration` (always, unless a family waits)."""
+        return True

@@ -14,10 +14,11 @@ import jax
 import numpy as np
 
 from hgpo_jax import distributed as dist
-from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StepRows
-from hgpo_jax.rl.batching import gather_rows
-from hgpo_jax.rl.critic import Critic, window_masks
-from hgpo_jax.rl.update import batch_sharding, on_mesh
+from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StatePlan, StepRows
+from hgpo_jax.rl.batching import CriticRows, gather_rows
+from hgpo_jax.rl.critic import Critic, CriticState, critic_optimizer, window_masks
+from hgpo_jax.rl.update import (batch_sharding, init_opt_state, on_mesh, opt_state_shardings,
+                                param_shardings)
 
 NO_VARIANCE = 1e-12  # Var(target) at most this (times 1 + mean^2): constant targets, up to rounding
 
@@ -52,12 +53,20 @@ def explained_variance(parts: list[list[float]]) -> float:
     return float(1.0 - var_d / var_t)
 
 
+def heads_text(heads: int) -> str:
+    """"3 value heads", "1 value head"."""
+    return f"{heads} value head{'s' * (heads != 1)}"
+
+
 class CriticAlgorithm(Algorithm):
     """Each row's reward is its episode's total reward minus the invalid-action penalty of its own
     step (the rows of an episode are not linked in verl-agent's PPO baseline); its critic has
-    `spec.critic_heads` heads. Its device state is a `rl.critic.CriticState`."""
+    `spec.critic_heads` heads. Its device state is a `rl.critic.CriticState`, saved as the
+    checkpoint item "critic" ({"params", "opt_state"}); a checkpoint resumes it when its critic
+    has as many value heads (the `score` kernel [D, H])."""
 
     value_masks = False  # the advantage stage gives each head's target positions (Advantages.value_mask)
+    state_item = "critic"
 
     def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
         super().__init__(cfg, spec, mesh, num_micro, tokenizer)
@@ -69,6 +78,67 @@ class CriticAlgorithm(Algorithm):
                                           num_heads=self.spec.critic_heads,
                                           value_masks=self.value_masks)
         return state
+
+    def state_arrays(self, state: CriticState) -> dict:
+        return {"params": state.params, "opt_state": state.opt_state}
+
+    def restore_state(self, arrays: dict) -> CriticState:
+        return CriticState(**arrays)
+
+    @classmethod
+    def state_signature(cls, spec) -> tuple[str, int]:
+        return (cls.state_item, spec.critic_heads)
+
+    @classmethod
+    def checkpoint_signature(cls, item_shapes) -> tuple[str, int]:
+        kernel = item_shapes["params"]["score"]["kernel"]  # nnx may wrap it: {"value": shape}
+        (shape,) = jax.tree.leaves(kernel, is_leaf=lambda x: isinstance(x, tuple))
+        return (cls.state_item, int(shape[-1]))
+
+    @classmethod
+    def describe_state(cls, signature) -> str:
+        return f"a critic of {heads_text(signature[1])}"
+
+    @classmethod
+    def state_model(cls, cfg, policy, ckpt):
+        """The critic of the newest checkpoint as a `models.CriticModel` of as many value heads."""
+        from flax import nnx
+
+        from hgpo_jax.models.decoder import critic_from_policy
+
+        if cls.state_item not in ckpt.items():
+            raise ValueError(f"the newest checkpoint under {ckpt.directory} holds no critic")
+        _, heads = cls.checkpoint_signature(ckpt.item_shapes(cls.state_item))
+        graphdef, params = nnx.split(critic_from_policy(policy, num_heads=heads), nnx.Param)
+        like = {cls.state_item: {"params": params,
+                                 "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
+        state, _, _ = ckpt.restore_latest(like)
+        return nnx.merge(graphdef, state[cls.state_item]["params"])
+
+    def plan_state(self, model_cfg, attention: str) -> StatePlan:
+        """The critic's update step as the run builds it (`rl.critic.Critic`: its heads, and
+        each head's value mask for a family that gives them), on abstract weights."""
+        from flax import nnx
+
+        from hgpo_jax.models.decoder import CriticModel
+
+        cfg, heads = self.cfg, self.spec.critic_heads
+        t, r = cfg.train, cfg.rollout
+        graphdef, params = nnx.split(nnx.eval_shape(lambda: CriticModel(
+            model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
+            rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=self.mesh,
+            scan_layers=cfg.model.scan_layers, attention=attention, num_heads=heads)), nnx.Param)
+        shardings = param_shardings(self.mesh, params)
+        tx = critic_optimizer(cfg)
+        opt_shardings = opt_state_shardings(tx, params, self.mesh)
+        critic = Critic(cfg, graphdef, shardings, opt_shardings, self.mesh, self.num_micro, heads,
+                        self.value_masks)
+        batch = CriticRows.spec(t.mini_batch_size, r.max_prompt_tokens + r.max_new_tokens,
+                                window=self.window, num_heads=heads,
+                                include=("value_mask",) if self.value_masks else ())
+        return StatePlan(label=self.state_item, detail=f"{heads_text(heads)}, no LM head",
+                         params=params, shardings=shardings, tx=tx, opt_shardings=opt_shardings,
+                         step=critic.step_fn, batch=batch, facts={"heads": heads})
 
     def rewards(self, rows: StepRows) -> np.ndarray:
         """float32 [S]: each row's episode reward minus its own step's penalty (0 for inert rows)."""
@@ -106,7 +176,12 @@ class CriticAlgorithm(Algorithm):
         parts = dist.allgather_json(local)                                    # [P][metric]
         return {name: explained_variance([p[i] for p in parts]) for i, name in enumerate(picks)}
 
-    def update_critic(self, state, rows: StepRows, adv: Advantages, order, mesh):
+    def updates_policy(self, iteration: int) -> bool:
+        """From iteration `critic.warmup_iterations` on (at least the first), as verl's
+        `trainer.critic_warmup`."""
+        return self.cfg.critic.warmup_iterations <= iteration + 1
+
+    def update_state(self, state, rows: StepRows, adv: Advantages, order, mesh):
         critic_rows, records = rows.critic_rows(adv), []
         for idx in order:
             state, m = self.critic.update(state, on_mesh(gather_rows(critic_rows, idx), mesh))

@@ -16,7 +16,7 @@ Per iteration, on this process's rows (whole episodes: groups never span process
    (`Advantages.loss_mask`: the end-of-turn token and text outside the blocks get no gradient);
 5. the critic's targets: one per turn per head, at the position its value was read
    (`Advantages.value_mask`, carried to `CriticRows.value_mask`), the sum of the three clipped
-   value losses; the critic family's update (`CriticAlgorithm.update_critic`).
+   value losses; the critic family's update (`CriticAlgorithm.update_state`).
 
 Metrics (docs/hiper.md): row means `hiper/switch_rate`, `hiper/segments_per_turn`,
 `hiper/consistency_violation_rate`, `hiper/loss_tokens_per_row`; over every process's rows
