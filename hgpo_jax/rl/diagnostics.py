@@ -28,7 +28,8 @@ from hgpo_jax.rl.advantages import (
     penalized_returns,
     resolve_options,
 )
-from hgpo_jax.rl.grouping import StepBatch, _as_1d, full_history_ids, prepare_batch
+from hgpo_jax.rl.grouping import StepBatch, full_history_ids, prepare_batch
+from hgpo_jax.rl.turns import as_1d
 
 DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo")
 
@@ -121,8 +122,8 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
     o = resolve_options(options, overrides)
     # The hashable columns are read more than once (oracle, then each estimator): a one-shot
     # iterable becomes a list. (The numeric ones must be array-like for prepare_batch anyway.)
-    task_ids, traj_ids, anchors = (_as_1d(task_ids, "task_ids"), _as_1d(traj_ids, "traj_ids"),
-                                   _as_1d(anchors, "anchors"))
+    task_ids, traj_ids, anchors = (as_1d(task_ids, "task_ids"), as_1d(traj_ids, "traj_ids"),
+                                   as_1d(anchors, "anchors"))
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
     canonical, canonical_flag = oracle_from_batch(batch, gamma=o.gamma, invalid_penalty=o.invalid_penalty,
                                                   penalty_placement=o.penalty_placement, mode=o.mode,

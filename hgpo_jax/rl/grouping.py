@@ -8,9 +8,10 @@ A batch is N steps given as flat arrays in any order (docs/advantages.md):
 (hashable; usually the observation text), `rewards` [N] (the env's rewards) and optionally
 `valid` [N] (whether the step's reply held a valid action).
 
-Internally rows are put in *canonical order*: sorted by (trajectory, step). `StepBatch.order`
-maps canonical rows back to input rows, so `out[batch.order] = canonical_values` restores the
-input order.
+The rows are linked into trajectories and checked once by `hgpo_jax.rl.turns.LinkedTurns` (the
+type HAE and the algorithms read too), which puts them in *canonical order*: sorted by
+(trajectory, step). `StepBatch.order` maps canonical rows back to input rows, so
+`out[batch.order] = canonical_values` restores the input order.
 
 Group keys are built without any Python loop over rows: every distinct anchor (and task and
 trajectory id) is interned once into a dense integer code, and the key of hierarchy level k
@@ -26,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from hgpo_jax.rl.turns import LinkedTurns, as_1d, intern
 
 
 @dataclass(frozen=True)
@@ -55,85 +58,54 @@ class GroupIndex:
 
 @dataclass(frozen=True)
 class StepBatch:
-    """A validated batch of N steps from T trajectories of P tasks, in canonical order.
+    """A validated batch of N steps from T trajectories of P tasks: the rows linked into
+    trajectories (`turns`), in canonical order (sorted by trajectory, step), with each
+    trajectory's task and each step's anchor.
 
     Attributes:
-      order: int64 [N]. Input row of each canonical row (canonical = sorted by trajectory, step).
+      turns: `hgpo_jax.rl.turns.LinkedTurns` of the N rows (input order; its episodes are the
+        trajectories), where the rows were linked and checked.
       traj: int32 [N]. Dense trajectory index (0..T-1) of each canonical row.
       step: int64 [N]. Step index t of each canonical row.
       anchor: int64 [N]. Dense anchor code of each canonical row (equal anchors <=> equal codes).
       task_of_traj: int32 [T]. Dense task index (0..P-1) of each trajectory.
-      traj_start: int64 [T]. Canonical row of each trajectory's step 0.
-      traj_len: int64 [T]. Number of steps of each trajectory.
       rewards: float64 [N] or None. Rewards in canonical order (None when not given).
       valid: bool [N]. Validity of each step's action in canonical order (all True when not given).
       num_tasks: P.
       num_anchors: number of distinct anchors.
+    And the linked turns' canonical layout: order int64 [N] (input row of each canonical row),
+    traj_start int64 [T] (canonical row of each trajectory's step 0), traj_len int64 [T].
     """
 
-    order: np.ndarray
+    turns: LinkedTurns
     traj: np.ndarray
     step: np.ndarray
     anchor: np.ndarray
     task_of_traj: np.ndarray
-    traj_start: np.ndarray
-    traj_len: np.ndarray
     rewards: np.ndarray | None
     valid: np.ndarray
     num_tasks: int
     num_anchors: int
 
     @property
+    def order(self) -> np.ndarray:
+        return self.turns.order
+
+    @property
+    def traj_start(self) -> np.ndarray:
+        return self.turns.start
+
+    @property
+    def traj_len(self) -> np.ndarray:
+        return self.turns.length
+
+    @property
     def num_steps(self) -> int:
-        return int(self.order.shape[0])
+        return self.turns.num_rows
 
     @property
     def num_trajectories(self) -> int:
-        return int(self.traj_len.shape[0])
-
-
-# ----------------------------------------------------------------------------------------------
-# Interning (distinct value -> dense code)
-
-
-def intern(values, what: str) -> tuple[np.ndarray, int]:
-    """Dense codes for arbitrary hashable values: equal values <=> equal codes.
-
-    Args:
-      values: sequence [N] of hashables (str, int, bytes, tuples, ...) or a NumPy array.
-      what: name used in error messages ("anchors", "task_ids", ...).
-    Returns:
-      (codes int64 [N], number of distinct values).
-
-    A non-object NumPy array goes through `np.unique`; anything else through one dict that
-    stores each distinct value once (`dict.fromkeys` / `map` iterate in C, there is no Python
-    loop over rows).
-    """
-    if isinstance(values, np.ndarray) and values.dtype != object:
-        if values.ndim != 1:
-            raise ValueError(f"{what} must be 1-D, got shape {values.shape}")
-        uniq, inverse = np.unique(values, return_inverse=True)
-        return inverse.astype(np.int64).reshape(-1), int(uniq.shape[0])
-    seq = values.tolist() if isinstance(values, np.ndarray) else values
-    try:
-        table = dict.fromkeys(seq)
-    except TypeError as e:
-        raise ValueError(f"{what} must be hashable (str, int, bytes, tuple, ...): {e}") from None
-    for code, key in enumerate(table):
-        table[key] = code
-    codes = np.fromiter(map(table.__getitem__, seq), dtype=np.int64, count=len(seq))
-    return codes, len(table)
-
-
-def _as_1d(values, what: str) -> np.ndarray | list:
-    if isinstance(values, np.ndarray):
-        if values.ndim != 1:
-            raise ValueError(f"{what} must be 1-D, got shape {values.shape}")
-        return values
-    try:
-        return list(values)
-    except TypeError:
-        raise ValueError(f"{what} must be a sequence, got {type(values).__name__}") from None
+        return self.turns.num_episodes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -149,77 +121,27 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
     Returns:
       StepBatch.
     Raises:
-      ValueError naming the problem: mismatched lengths, non-integer or negative step ids,
-      duplicate (trajectory, step) pairs, gaps in a trajectory's steps (they must be exactly
-      0..n-1), a trajectory under two task ids, non-finite rewards.
+      ValueError naming the problem: mismatched lengths, a trajectory under two task ids,
+      unhashable ids or anchors, and the linking's (`LinkedTurns.link`): non-integer or
+      negative step ids, duplicate (trajectory, step) pairs, gaps in a trajectory's steps (they
+      must be exactly 0..n-1), non-finite rewards, non-boolean valid.
     """
-    task_ids = _as_1d(task_ids, "task_ids")
-    traj_ids = _as_1d(traj_ids, "traj_ids")
-    anchors = _as_1d(anchors, "anchors")
+    task_ids = as_1d(task_ids, "task_ids")
+    traj_ids = as_1d(traj_ids, "traj_ids")
+    anchors = as_1d(anchors, "anchors")
     steps = np.asarray(step_ids)
-    lengths = {"task_ids": len(task_ids), "traj_ids": len(traj_ids), "step_ids": steps.shape[0] if steps.ndim else -1,
+    rewards, valid = (None if x is None else np.asarray(x) for x in (rewards, valid))
+    lengths = {"task_ids": len(task_ids), "traj_ids": len(traj_ids), "step_ids": _length(steps),
                "anchors": len(anchors)}
-    if rewards is not None:
-        rewards = np.asarray(rewards)
-        lengths["rewards"] = rewards.shape[0] if rewards.ndim else -1
-    if valid is not None:
-        valid = np.asarray(valid)
-        lengths["valid"] = valid.shape[0] if valid.ndim else -1
+    lengths.update({k: _length(v) for k, v in (("rewards", rewards), ("valid", valid)) if v is not None})
     if len(set(lengths.values())) != 1 or steps.ndim != 1:
         raise ValueError(f"all per-step inputs must be 1-D with the same length N; got lengths {lengths}")
-    n = steps.shape[0]
-    if n and not np.issubdtype(steps.dtype, np.integer):
-        if np.issubdtype(steps.dtype, np.floating) and np.all(np.isfinite(steps)) and np.all(steps == np.round(steps)):
-            steps = steps.astype(np.int64)
-        else:
-            raise ValueError(f"step_ids must be integers, got dtype {steps.dtype}")
-    steps = steps.astype(np.int64)
-    if rewards is not None:
-        if n and not (np.issubdtype(rewards.dtype, np.number) or rewards.dtype == bool):
-            raise ValueError(f"rewards must be numbers, got dtype {rewards.dtype}")
-        rewards = rewards.astype(np.float64)
-        bad = ~np.isfinite(rewards)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"rewards must be finite: {int(bad.sum())} NaN/inf value(s), first at row {i} "
-                             f"(value {rewards[i]})")
-    if valid is None:
-        valid = np.ones(n, bool)
-    elif valid.dtype != bool:
-        if n and not np.issubdtype(valid.dtype, np.number):
-            raise ValueError(f"valid must be booleans (or 0/1), got dtype {valid.dtype}")
-        if n and not np.all((valid == 0) | (valid == 1)):
-            raise ValueError(f"valid must be booleans (or 0/1), got values {np.unique(valid)[:5].tolist()}")
-        valid = valid.astype(bool)
-    if n and steps.min() < 0:
-        i = int(np.argmin(steps))
-        raise ValueError(f"step_ids must be >= 0; row {i} has step {steps[i]}")
-
-    traj_code, num_traj = intern(traj_ids, "traj_ids")
+    turns = LinkedTurns.link(traj_ids, steps, reward=rewards, valid=valid,
+                             names=("traj_ids", "step_ids"))
     task_code, num_tasks = intern(task_ids, "task_ids")
     anchor_code, num_anchors = intern(anchors, "anchors")
-
-    order = np.lexsort((steps, traj_code)) if n else np.zeros(0, np.int64)
-    traj_s, step_s, task_s = traj_code[order], steps[order], task_code[order]
-
-    same_traj = traj_s[1:] == traj_s[:-1]
-    dup = same_traj & (step_s[1:] == step_s[:-1])
-    if dup.any():
-        j = int(np.flatnonzero(dup)[0])
-        raise ValueError(f"duplicate (traj, step) pair: trajectory {_show(traj_ids, order[j])} has step "
-                         f"{step_s[j]} at input rows {order[j]} and {order[j + 1]}; each step of a "
-                         f"trajectory must appear exactly once")
-    traj_len = np.bincount(traj_s, minlength=num_traj).astype(np.int64)
-    traj_start = np.zeros(num_traj, np.int64)
-    np.cumsum(traj_len[:-1], out=traj_start[1:])
-    expected = np.arange(n, dtype=np.int64) - traj_start[traj_s]
-    gap = step_s != expected
-    if gap.any():
-        j = int(np.flatnonzero(gap)[0])
-        t = int(traj_s[j])
-        raise ValueError(f"gap in step ids: trajectory {_show(traj_ids, order[j])} has steps "
-                         f"{_preview(step_s[traj_start[t]:traj_start[t] + traj_len[t]])}, expected exactly "
-                         f"0..{traj_len[t] - 1}")
+    order, traj_start = turns.order, turns.start
+    traj_s, task_s = turns.episode[order], task_code[order]
     first_task = task_s[traj_start[traj_s]]
     mixed = task_s != first_task
     if mixed.any():
@@ -228,27 +150,25 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
                          f"({_show(task_ids, order[traj_start[traj_s[j]]])} and {_show(task_ids, order[j])}); "
                          f"a trajectory belongs to exactly one task")
     return StepBatch(
-        order=order.astype(np.int64),
+        turns=turns,
         traj=traj_s.astype(np.int32),
-        step=step_s,
+        step=turns.turn[order],
         anchor=anchor_code[order],
         task_of_traj=task_s[traj_start].astype(np.int32),
-        traj_start=traj_start,
-        traj_len=traj_len,
-        rewards=None if rewards is None else rewards[order],
-        valid=valid[order],
+        rewards=None if turns.reward is None else turns.reward[order],
+        valid=turns.valid[order],
         num_tasks=num_tasks,
         num_anchors=num_anchors,
     )
 
 
+def _length(a: np.ndarray) -> int:
+    """A per-step column's length (-1 for a scalar)."""
+    return a.shape[0] if a.ndim else -1
+
+
 def _show(values, row) -> str:
     return repr(values[int(row)])
-
-
-def _preview(a: np.ndarray, limit: int = 12) -> str:
-    items = ", ".join(str(int(x)) for x in a[:limit])
-    return f"[{items}{', ...' if a.shape[0] > limit else ''}]"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,10 +36,12 @@ a boundary. With nd_t = 1 - done_t:
   switch span: their tokens get nothing, so it is never used); `high` stays 0 off segment
   starts. A level with no such row keeps its raw values. Returns are never normalized.
 
-Shapes: the entry point `hae_advantages` takes [N] rows in any order; they are put into padded
-[E, T] tensors (E trajectories, T turns, each bucketed to a power of two, padding inert: it never
-enters a trajectory, a sum or a statistic) and the three levels and the normalization run as one
-jitted float32 function built on a reverse `jax.lax.scan` over the turns (`hae_scan`).
+Shapes: the entry point `hae_advantages` takes [N] rows in any order, linked into episodes and
+checked once by `hgpo_jax.rl.turns.LinkedTurns` (`hae_of_turns` takes turns linked already, as
+HiPER's unit has them); they are put into padded [E, T] tensors (E trajectories, T turns, each
+bucketed to a power of two, padding inert: it never enters a trajectory, a sum or a statistic)
+and the three levels and the normalization run as one jitted float32 function built on a
+reverse `jax.lax.scan` over the turns (`hae_scan`).
 
 Quirks of the authors' code, reproduced: turn 0 is a boundary even when it says KEEP (and a
 KEEP turn 0 gets the keep penalty); `bootstrap_truncated` bootstraps a truncated last segment
@@ -66,7 +68,7 @@ import numpy as np
 
 from hgpo_jax.algo_specs import KEEP_PENALTY_MODES, hiper_option_defaults
 from hgpo_jax.rl.batching import bucket
-from hgpo_jax.rl.grouping import intern
+from hgpo_jax.rl.turns import LinkedTurns, flags, floats
 
 _HIPER = hiper_option_defaults()  # HiPER's options at their defaults: the keywords' defaults below
 NORM_EPS = 1e-8
@@ -221,93 +223,7 @@ def hae_device(rewards, dones, boundary, real, v_low, v_high, v_term, low_mask, 
 
 
 # ----------------------------------------------------------------------------------------------
-# Host: validation, reward shaping, padding
-
-
-def _numeric(x, n: int, what: str) -> np.ndarray:
-    """x as a 1-D array of length n; an object array (as verl's non-tensor batches hold) is
-    converted to numbers when it can be."""
-    a = np.asarray(x)
-    if a.ndim != 1 or a.shape[0] != n:
-        raise ValueError(f"{what} must be 1-D of length N={n}, got shape {a.shape}")
-    if a.dtype == object:
-        try:
-            a = np.array(a.tolist())
-        except (TypeError, ValueError):
-            pass
-    return a
-
-
-def _flags(x, n: int, what: str, default: bool) -> np.ndarray:
-    """bool [n] from booleans or 0/1 numbers; `default` everywhere when x is None."""
-    if x is None:
-        return np.full(n, default, bool)
-    a = _numeric(x, n, what)
-    if a.dtype == bool:
-        return a
-    if n and not (np.issubdtype(a.dtype, np.number) and np.all((a == 0) | (a == 1))):
-        raise ValueError(f"{what} must be booleans (or 0/1 numbers), got dtype {a.dtype}")
-    return a.astype(bool)
-
-
-def _floats(x, n: int, what: str, rows: np.ndarray | None = None) -> np.ndarray:
-    """float64 [n], checked finite (only on `rows` when given; the other rows become 0)."""
-    a = _numeric(x, n, what)
-    if n and not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-        raise ValueError(f"{what} must be numbers, got dtype {a.dtype}")
-    a = a.astype(np.float64)
-    checked = a if rows is None else np.where(rows, a, 0.0)
-    bad = ~np.isfinite(checked)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{what} must be finite: {int(bad.sum())} NaN/inf value(s), first at "
-                         f"row {i} (value {a[i]})")
-    return checked
-
-
-def _turns(turn_ids) -> np.ndarray:
-    """int64 [N] turn indices (integers, or whole floats), each >= 0."""
-    a = np.asarray(turn_ids)
-    if a.ndim != 1:
-        raise ValueError(f"turn_ids must be 1-D, got shape {a.shape}")
-    n = a.shape[0]
-    a = _numeric(a, n, "turn_ids")
-    if n and not np.issubdtype(a.dtype, np.integer):
-        if not (np.issubdtype(a.dtype, np.floating) and np.all(np.isfinite(a))
-                and np.all(a == np.round(a))):
-            raise ValueError(f"turn_ids must be integers, got dtype {a.dtype}")
-    a = a.astype(np.int64)
-    if n and a.min() < 0:
-        i = int(np.argmin(a))
-        raise ValueError(f"turn_ids must be >= 0; row {i} has turn {a[i]}")
-    return a
-
-
-def episode_layout(traj_ids, turns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(episode int64 [N], lengths int64 [E]): each row's trajectory code (first appearance
-    order for non-array ids, sorted for arrays) and each trajectory's number of turns. Raises
-    ValueError unless every trajectory's turns are exactly 0..n-1, each once."""
-    n = turns.shape[0]
-    if isinstance(traj_ids, np.ndarray) and traj_ids.ndim != 1:
-        raise ValueError(f"traj_ids must be 1-D, got shape {traj_ids.shape}")
-    if len(traj_ids) != n:
-        raise ValueError(f"traj_ids has {len(traj_ids)} rows, turn_ids {n}: all per-row inputs "
-                         f"must have one length N")
-    episode, num_episodes = intern(traj_ids, "traj_ids")
-    lengths = np.bincount(episode, minlength=num_episodes).astype(np.int64)
-    over = turns >= lengths[episode]
-    flat = episode * (int(turns.max(initial=0)) + 1) + turns
-    uniq, first, counts = np.unique(flat, return_index=True, return_counts=True)
-    if (counts > 1).any():
-        i = int(first[np.flatnonzero(counts > 1)[0]])
-        raise ValueError(f"turn {turns[i]} of trajectory {traj_ids[i]!r} appears "
-                         f"{int(counts.max())} times or more (row {i}); each (trajectory, turn) "
-                         f"must be one row (pad with inert rows after HAE, not with duplicates)")
-    if over.any():
-        i = int(np.flatnonzero(over)[0])
-        raise ValueError(f"trajectory {traj_ids[i]!r} has {lengths[episode[i]]} rows but a turn "
-                         f"{turns[i]} (row {i}): its turns must be exactly 0..n-1")
-    return episode, lengths
+# Host: reward shaping, padding
 
 
 def shape_rewards(rewards: np.ndarray, new_segment: np.ndarray, turns: np.ndarray,
@@ -334,11 +250,11 @@ def shape_rewards(rewards: np.ndarray, new_segment: np.ndarray, turns: np.ndarra
     return r
 
 
-def _pad(values: np.ndarray, episode: np.ndarray, turns: np.ndarray, shape: tuple[int, int],
+def _pad(values: np.ndarray, episode: np.ndarray, turn: np.ndarray, shape: tuple[int, int],
          fill: Any = 0) -> np.ndarray:
-    """[N] row values scattered into a [E, T] array of `fill`."""
+    """[N] row values scattered into a [E, T] array of `fill` (row i at [episode[i], turn[i]])."""
     out = np.full(shape, fill, dtype=values.dtype)
-    out[episode, turns] = values
+    out[episode, turn] = values
     return out
 
 
@@ -394,6 +310,24 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
       ValueError on mismatched lengths, bad turn ids, duplicated (trajectory, turn) rows,
       non-finite values, an unknown keep_penalty_mode.
     """
+    turns = LinkedTurns.link(traj_ids, turn_ids, done=dones, reward=rewards, valid=valid)
+    return hae_of_turns(turns, new_segment, v_low, v_high, v_term,
+                        subgoal_changed=subgoal_changed, has_subgoal=has_subgoal,
+                        has_switch=has_switch, gamma=gamma, lam_turn=lam_turn, lam_seg=lam_seg,
+                        keep_penalty=keep_penalty, keep_penalty_mode=keep_penalty_mode,
+                        invalid_penalty=invalid_penalty,
+                        keep_consistency_penalty=keep_consistency_penalty,
+                        bootstrap_truncated=bootstrap_truncated, normalize=normalize)
+
+
+def hae_of_turns(turns: LinkedTurns, new_segment, v_low, v_high, v_term, *, subgoal_changed=None,
+                 has_subgoal=None, has_switch=None, gamma, lam_turn, lam_seg, keep_penalty,
+                 keep_penalty_mode, invalid_penalty, keep_consistency_penalty,
+                 bootstrap_truncated, normalize) -> HAEResult:
+    """`hae_advantages` over the real rows of linked turns: rows 0..n-1 of `turns` give each
+    turn's episode, turn, env reward, done and validity (its inert rows are left out); the other
+    per-row inputs are [n] and the options as `hae_advantages`' (no defaults here). Returns an
+    HAEResult of [n] arrays in the rows' order."""
     if keep_penalty_mode not in KEEP_PENALTY_MODES:
         raise ValueError(f"keep_penalty_mode must be one of {KEEP_PENALTY_MODES}, got "
                          f"{keep_penalty_mode!r}")
@@ -403,34 +337,33 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
     invalid_penalty = _scalar(invalid_penalty, "invalid_penalty")
     keep_consistency_penalty = _scalar(keep_consistency_penalty, "keep_consistency_penalty")
 
-    turns = _turns(turn_ids)
-    n = turns.shape[0]
-    episode, lengths = episode_layout(traj_ids, turns)
-    new_segment = _flags(new_segment, n, "new_segment", False)
-    boundary = new_segment | (turns == 0)
-    dones = _flags(dones, n, "dones", False)
-    valid = _flags(valid, n, "valid", True)
-    changed = _flags(subgoal_changed, n, "subgoal_changed", False)
-    has_subgoal = _flags(has_subgoal, n, "has_subgoal", True)
-    has_switch = _flags(has_switch, n, "has_switch", True)
-    env_rewards = _floats(rewards, n, "rewards")
-    v_low = _floats(v_low, n, "v_low")
-    v_term = _floats(v_term, n, "v_term")
-    v_high = _floats(v_high, n, "v_high (on segment starts)", rows=boundary)
+    if turns.reward is None:
+        raise ValueError("HAE needs each turn's env reward: link the turns with reward=")
+    n = turns.num_rows
+    episode, turn, lengths = turns.episode[:n], turns.turn[:n], turns.length
+    dones, valid, env_rewards = turns.done[:n], turns.valid[:n], turns.reward[:n]
+    new_segment = flags(new_segment, n, "new_segment", False)
+    boundary = new_segment | (turn == 0)
+    changed = flags(subgoal_changed, n, "subgoal_changed", False)
+    has_subgoal = flags(has_subgoal, n, "has_subgoal", True)
+    has_switch = flags(has_switch, n, "has_switch", True)
+    v_low = floats(v_low, n, "v_low")
+    v_term = floats(v_term, n, "v_term")
+    v_high = floats(v_high, n, "v_high (on segment starts)", rows=boundary)
 
     num_episodes = lengths.shape[0]
     shape = (bucket(num_episodes, MIN_EPISODES), bucket(int(lengths.max(initial=1)), MIN_TURNS))
     # the previous turn's has_subgoal (the consistency penalty needs both spans)
-    prev_has = _pad(has_subgoal, episode, turns, shape, False)
+    prev_has = _pad(has_subgoal, episode, turn, shape, False)
     prev_has = np.concatenate([np.zeros((shape[0], 1), bool), prev_has[:, :-1]], axis=1)
-    changed = changed & has_subgoal & prev_has[episode, turns]
-    shaped = shape_rewards(env_rewards, new_segment, turns, lengths[episode], valid, changed,
+    changed = changed & has_subgoal & prev_has[episode, turn]
+    shaped = shape_rewards(env_rewards, new_segment, turn, lengths[episode], valid, changed,
                            keep_penalty=keep_penalty, keep_penalty_mode=keep_penalty_mode,
                            invalid_penalty=invalid_penalty,
                            keep_consistency_penalty=keep_consistency_penalty)
 
     def pad(x, fill=0):
-        return _pad(x, episode, turns, shape, fill)
+        return _pad(x, episode, turn, shape, fill)
 
     f32 = np.float32
     out = hae_device(pad(shaped.astype(f32)), pad(dones, False), pad(boundary, False),
@@ -439,7 +372,7 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
                      pad(np.ones(n, bool), False), pad(boundary & has_subgoal, False),
                      pad(has_switch, False), f32(gamma), f32(lam_turn), f32(lam_seg),
                      np.bool_(bootstrap_truncated), np.bool_(normalize))
-    rows = {k: np.asarray(v)[episode, turns] for k, v in out.items()}
+    rows = {k: np.asarray(v)[episode, turn] for k, v in out.items()}
     return HAEResult(
         low=rows["low_norm"], high=rows["high_norm"], term=rows["term_norm"],
         low_return=rows["low_return"], high_return=rows["high_return"],

@@ -14,9 +14,13 @@ turn. Defaults: the verl-agent agent of `spec`'s env (ALFWorld's for no spec) an
 env's entry (`default_spec`). Finished envs cost no generation. An episode whose env failed in
 the pool (timeout, dead worker) is dropped from the returned rows and counted in `batch.num_failed`. A prompt longer than
 the policy's `max_prompt_tokens` loses its start (left truncation): `rollout/truncated_prompt_rate`
-counts such prompts, and the first one in a process warns (`PromptCuts`). `watch_episode` plays
-the same step on one env object and keeps every turn's observation, reply and parse (what
-`hgpo-jax demo --episode` shows).
+counts such prompts, and the first one in a process warns (`PromptCuts`).
+
+One loop plays (`play_lockstep`): it builds the prompts, samples, parses and steps the envs and
+keeps the memory, and hands each env turn (`PlayedTurn`) to a per-turn callback.
+`collect_rollouts` keeps the turns as the batch's rows; `watch_episode` runs the same loop on one
+env object (behind the pool's interface) and keeps every turn's observation, reply and parse as
+it is played (what `hgpo-jax demo --episode` shows).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tqdm.auto import tqdm
 from hgpo_jax.agents import DEFAULT_AGENT, Agent, Reply, Turn, get_agent
 from hgpo_jax.agents.registry import agent_spec
 from hgpo_jax.distributed import allgather_json, any_process
+from hgpo_jax.envs.pool import EnvReply
 from hgpo_jax.envs.prompts import success_rates
 from hgpo_jax.envs.registry import EnvSpec
 
@@ -231,41 +236,68 @@ def step_prompt(agent: Agent, task: str, observation: str, info: dict, history: 
     return agent.prompt(task, observation, info["admissible_actions"], history, memory_len)
 
 
-def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
-                     memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
-                     agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
-    """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each.
+@dataclasses.dataclass(frozen=True)
+class PlayedTurn:
+    """One env's turn of a rollout step, as `play_lockstep` hands it to its per-turn callback:
+    the env (its index in the pool) and the step t; the observation and the env's info the
+    prompt showed (its anchor, task type, admissible actions); the prompt's token ids (after the
+    cut to the policy's max_prompt_tokens); the reply's tokens and their log-probs under the
+    sampling policy, its decoded text and the agent's parse (`Reply`: the action sent); the
+    env's answer (`EnvReply`) and the turn's training reward (`EnvSpec.train_reward`)."""
 
-    env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
-    sampling (split per step; each env's replies are drawn with its global index as the row id,
-    `generate(row_ids=...)`, so they do not depend on which other envs are still running). In a multi-process run every process calls this at once for its
-    own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
-    of them, and generate as one batch over the mesh. spec: the env's registry entry (training
-    reward, score; None: `default_spec()`); agent: prompts, reply parsing and memory (None:
-    `default_agent(spec)`).
-    Returns a RolloutBatch; see the module docstring.
-    """
+    env: int
+    step: int
+    observation: str
+    info: dict
+    prompt_ids: list[int]
+    response_ids: list[int]
+    sample_logp: list[float]
+    reply: str
+    parsed: Reply
+    answer: EnvReply
+    reward: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Played:
+    """What `play_lockstep` leaves of its M envs' episodes, each [M]: the task text (its reset's;
+    "" for an env that failed there), whether it was won, whether the pool failed it, and its
+    score after its last turn (`score` None for an env without one, `EnvSpec.score_key`; an
+    entry None for an env that played no turn); timing: the loop's seconds per phase."""
+
+    task: list[str]
+    won: list[bool]
+    failed: list[bool]
+    score: list | None
+    timing: dict
+
+
+def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int, memory_len: int,
+                  on_turn: Callable[[PlayedTurn], None], *, rng=0, spec: EnvSpec | None = None,
+                  agent: Agent | None = None, together: bool = True,
+                  progress: bool = False) -> Played:
+    """The rollout's loop, the one place that plays: env i of `env_pool` runs `env_tasks[i]` for
+    at most `max_steps` steps, all envs in lockstep (see the module docstring); `on_turn(turn)`
+    sees each env turn the pool did not fail (`PlayedTurn`), in env order within a step, before
+    the memory keeps it.
+
+    rng: int seed or PRNG key, split per step. together: this process plays in lockstep with the
+    others of a multi-process run (each reply drawn with its env's global index as the row id;
+    the loop ends when no env is left on any process); else alone (row ids: the pool's indices).
+    spec, agent: as `collect_rollouts`'."""
     import jax
 
-    num_envs = len(tasks) * group_size
-    if group_size < 1 or not tasks:
-        raise ValueError(f"need at least one task and group_size >= 1 (got {len(tasks)} tasks, "
-                         f"group_size {group_size})")
-    if env_pool.num_envs != num_envs:
-        raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
-                         f"{group_size} need {num_envs}")
+    num_envs = len(env_tasks)
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    first_env = jax.process_index() * num_envs  # global index of env 0 (equal shares per process)
+    first_env = jax.process_index() * num_envs if together else 0  # global index of env 0
+    agent = default_agent(spec) if agent is None else agent
+    spec = default_spec() if spec is None else spec
     # seconds: env resets; prompt building + tokenizing; generate; reply decoding + parsing;
     # env steps
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
-    agent = default_agent(spec) if agent is None else agent
-    spec = default_spec() if spec is None else spec
-    cuts = getattr(policy, "prompt_cuts", None)  # None: a policy that does not count its cuts
-    cuts_before = (cuts.prompts, cuts.cut) if cuts is not None else (0, 0)
 
     t0 = time.perf_counter()
-    replies = env_pool.reset([tasks[i // group_size] for i in range(num_envs)])
+    replies = env_pool.reset(list(env_tasks))
     timing["env_reset"] = time.perf_counter() - t0
     obs = [r.obs for r in replies]
     infos = [r.info for r in replies]
@@ -273,15 +305,14 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     running = [not r.failed for r in replies]
     task_text = [task_of(info) if not f else "" for info, f in zip(infos, failed)]
     history: list[list[Turn]] = [[] for _ in range(num_envs)]
-    rows: list[dict] = []
     won = [False] * num_envs
-    score = [0.0] * num_envs
+    score = [None] * num_envs
 
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
         active = [i for i in range(num_envs) if running[i]]
         # processes sample together (one SPMD program): one with no env left still takes part
-        if not any_process(bool(active)):
+        if not (any_process(bool(active)) if together else active):
             break
         t1 = time.perf_counter()
         prompts = [policy.encode_prompt(step_prompt(agent, task_text[i], obs[i], infos[i],
@@ -292,8 +323,10 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
         out = policy.generate(prompts, sub, row_ids=[first_env + i for i in active])
         timing["generate"] += time.perf_counter() - t1
         t1 = time.perf_counter()
-        parsed = {i: agent.parse(policy.tokenizer.decode(toks))
-                  for i, toks in zip(active, out.tokens)}
+        texts, parsed = {}, {}
+        for i, toks in zip(active, out.tokens):
+            texts[i] = policy.tokenizer.decode(toks)
+            parsed[i] = agent.parse(texts[i])
         timing["replies"] += time.perf_counter() - t1
         t2 = time.perf_counter()
         step_replies = env_pool.step({i: reply.action for i, reply in parsed.items()})
@@ -303,12 +336,9 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
             if r.failed:
                 failed[i], running[i] = True, False
                 continue
-            rows.append(dict(task_id=i // group_size, traj_id=i, step_id=t, anchor=infos[i]["anchor"],
-                             prompt_ids=prompts[j], response_ids=list(out.tokens[j]),
-                             sample_logp=list(out.logprobs[j]),
-                             reward=float(spec.train_reward(r.reward, r.info)),
-                             valid=parsed[i].valid, done=r.done,
-                             task_type=infos[i]["task_type"]))
+            on_turn(PlayedTurn(i, t, obs[i], infos[i], prompts[j], list(out.tokens[j]),
+                               list(out.logprobs[j]), texts[i], parsed[i], r,
+                               float(spec.train_reward(r.reward, r.info))))
             history[i].append(agent.remember(obs[i], parsed[i]))
             obs[i], infos[i] = r.obs, r.info
             won[i] = won[i] or bool(r.info.get("won", False))
@@ -318,7 +348,38 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
                 running[i] = False
         bar.update(1)
     bar.close()
-    batch = _to_batch(rows, won, failed, timing, score if spec.score_key is not None else None)
+    return Played(task_text, won, failed, score if spec.score_key is not None else None, timing)
+
+
+def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
+                     memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
+                     agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
+    """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each
+    (`play_lockstep`, one row per env turn).
+
+    env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
+    sampling (split per step; each env's replies are drawn with its global index as the row id,
+    `generate(row_ids=...)`, so they do not depend on which other envs are still running). In a multi-process run every process calls this at once for its
+    own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
+    of them, and generate as one batch over the mesh. spec: the env's registry entry (training
+    reward, score; None: `default_spec()`); agent: prompts, reply parsing and memory (None:
+    `default_agent(spec)`).
+    Returns a RolloutBatch; see the module docstring.
+    """
+    num_envs = len(tasks) * group_size
+    if group_size < 1 or not tasks:
+        raise ValueError(f"need at least one task and group_size >= 1 (got {len(tasks)} tasks, "
+                         f"group_size {group_size})")
+    if env_pool.num_envs != num_envs:
+        raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
+                         f"{group_size} need {num_envs}")
+    cuts = getattr(policy, "prompt_cuts", None)  # None: a policy that does not count its cuts
+    cuts_before = (cuts.prompts, cuts.cut) if cuts is not None else (0, 0)
+    turns: list[PlayedTurn] = []
+    played = play_lockstep(policy, env_pool, [tasks[i // group_size] for i in range(num_envs)],
+                           max_steps, memory_len, turns.append, rng=rng, spec=spec, agent=agent,
+                           progress=progress)
+    batch = _to_batch(turns, played, group_size)
     if cuts is not None:
         batch.prompts, batch.prompts_cut = cuts.prompts - cuts_before[0], cuts.cut - cuts_before[1]
     return batch
@@ -337,30 +398,35 @@ def default_agent(spec: EnvSpec | None = None) -> Agent:
                      else "alfworld")
 
 
-def _to_batch(rows: list[dict], won: list[bool], failed: list[bool], timing: dict,
-              score: list[float] | None = None) -> RolloutBatch:
-    rows = [r for r in rows if not failed[r["traj_id"]]]
-    col = {k: [r[k] for r in rows] for k in ("task_id", "traj_id", "step_id", "anchor", "prompt_ids",
-                                              "response_ids", "sample_logp", "reward", "valid",
-                                              "done", "task_type")}
-    kept = sorted({r["traj_id"] for r in rows})
+def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> RolloutBatch:
+    """The rows of the played turns of the episodes the pool did not fail (env i: task
+    i // group_size, trajectory i)."""
+    won, score = played.won, played.score
+    turns = [t for t in turns if not played.failed[t.env]]
+    traj = [t.env for t in turns]
+    kept = sorted(set(traj))
     length = {i: 0 for i in kept}
     ttype = {}
-    for r in rows:
-        length[r["traj_id"]] += 1
-        ttype[r["traj_id"]] = r["task_type"]
+    for t in turns:
+        length[t.env] += 1
+        ttype[t.env] = t.info["task_type"]
     return RolloutBatch(
-        task_id=np.asarray(col["task_id"], np.int64), traj_id=np.asarray(col["traj_id"], np.int64),
-        step_id=np.asarray(col["step_id"], np.int64), anchor=col["anchor"],
-        prompt_ids=col["prompt_ids"], response_ids=col["response_ids"],
-        sample_logp=col["sample_logp"], reward=np.asarray(col["reward"], np.float64),
-        valid=np.asarray(col["valid"], bool), done=np.asarray(col["done"], bool),
-        won=np.asarray([won[i] for i in col["traj_id"]], bool), task_type=col["task_type"],
+        task_id=np.asarray([i // group_size for i in traj], np.int64),
+        traj_id=np.asarray(traj, np.int64),
+        step_id=np.asarray([t.step for t in turns], np.int64),
+        anchor=[t.info["anchor"] for t in turns], prompt_ids=[t.prompt_ids for t in turns],
+        response_ids=[t.response_ids for t in turns],
+        sample_logp=[t.sample_logp for t in turns],
+        reward=np.asarray([t.reward for t in turns], np.float64),
+        valid=np.asarray([t.parsed.valid for t in turns], bool),
+        done=np.asarray([t.answer.done for t in turns], bool),
+        won=np.asarray([won[i] for i in traj], bool),
+        task_type=[t.info["task_type"] for t in turns],
         episode_traj=np.asarray(kept, np.int64),
         episode_won=np.asarray([won[i] for i in kept], bool),
         episode_task_type=[ttype[i] for i in kept],
         episode_length=np.asarray([length[i] for i in kept], np.int64),
-        num_failed=int(sum(failed)), timing=timing,
+        num_failed=int(sum(played.failed)), timing=played.timing,
         episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64))
 
 
@@ -455,46 +521,49 @@ class WatchedEpisode:
         return float(sum(t.reward for t in self.turns))
 
 
+class _OneEnv:
+    """One env object (`hgpo_jax.envs.base.Env`) behind the pool interface `play_lockstep`
+    steps (`EnvPool.reset` / `step` of env 0), in this process: no worker, no failure
+    isolation (the env's exceptions propagate), its answers as the env gives them."""
+
+    num_envs = 1
+
+    def __init__(self, env):
+        self.env = env
+
+    def reset(self, tasks: Sequence) -> list[EnvReply]:
+        obs, info = self.env.reset(tasks[0])
+        return [EnvReply(obs, 0.0, False, info)]
+
+    def step(self, actions: dict[int, str]) -> dict[int, EnvReply]:
+        return {0: EnvReply(*self.env.step(actions[0]))}
+
+
 def watch_episode(policy: Policy, env, task, max_steps: int, memory_len: int = 2, *, rng=0,
                   spec: EnvSpec | None = None, agent: Agent | None = None,
                   on_turn: Callable[[int, WatchedTurn], None] | None = None) -> WatchedEpisode:
     """Play one episode of `task` on one env object (`hgpo_jax.envs.base.Env`, no pool) with
     `policy`, keeping every turn's observation, reply and parse (`hgpo-jax demo --episode`).
 
-    The rollout's step, one env at a time: `step_prompt` over the task text, the memory of
-    `agent.remember`'s turns and the window `memory_len`; one `generate` per step (rng: int seed
-    or PRNG key, split per step, the env's row id 0, so it samples what `collect_rollouts` of
-    this one task in a pool of one env samples); `agent.parse`'s action sent to the env, valid
-    or not; at most `max_steps` steps. spec, agent: as `collect_rollouts`'. on_turn(t, turn):
-    called after each turn t (0-based) is played, e.g. to print it as the episode goes."""
-    import jax
-
-    agent = default_agent(spec) if agent is None else agent
-    spec = default_spec() if spec is None else spec
-    key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    obs, info = env.reset(task)
-    text = task_of(info)
-    history: list[Turn] = []
+    The rollout's own loop (`play_lockstep`) over this one env, seen through its per-turn
+    callback: `step_prompt` over the task text, the memory of `agent.remember`'s turns and the
+    window `memory_len`; one `generate` per step (rng: int seed or PRNG key, split per step, the
+    env's row id 0, so it samples what `collect_rollouts` of this one task in a pool of one env
+    samples); `agent.parse`'s action sent to the env, valid or not; at most `max_steps` steps.
+    spec, agent: as `collect_rollouts`'. on_turn(t, turn): called after each turn t (0-based) is
+    played, e.g. to print it as the episode goes."""
     turns: list[WatchedTurn] = []
-    won, score = False, None
-    for _ in range(max_steps):
-        prompt = policy.encode_prompt(step_prompt(agent, text, obs, info, history, memory_len))
-        key, sub = jax.random.split(key)
-        reply = policy.tokenizer.decode(policy.generate([prompt], sub, row_ids=[0]).tokens[0])
-        parsed = agent.parse(reply)
-        next_obs, reward, done, info = env.step(parsed.action)
-        turns.append(WatchedTurn(obs, len(prompt), reply, parsed,
-                                 float(spec.train_reward(reward, info)), bool(done)))
+
+    def watch(turn: PlayedTurn) -> None:
+        turns.append(WatchedTurn(turn.observation, len(turn.prompt_ids), turn.reply, turn.parsed,
+                                 turn.reward, bool(turn.answer.done)))
         if on_turn is not None:
             on_turn(len(turns) - 1, turns[-1])
-        history.append(agent.remember(obs, parsed))
-        obs = next_obs
-        won = won or bool(info.get("won", False))
-        if spec.score_key is not None:
-            score = float(info.get(spec.score_key, 0.0))
-        if done:
-            break
-    return WatchedEpisode(text, tuple(turns), won, score)
+
+    played = play_lockstep(policy, _OneEnv(env), [task], max_steps, memory_len, watch, rng=rng,
+                           spec=spec, agent=agent, together=False)
+    return WatchedEpisode(played.task[0], tuple(turns), played.won[0],
+                          None if played.score is None else played.score[0])
 
 
 def summarize_episodes(episodes: Sequence[EpisodeResult], failed: int = 0,

@@ -31,45 +31,7 @@ from hgpo_jax.algo_specs import AlgorithmSpec
 from hgpo_jax.rl.batching import CriticRows, PolicyRows, TokenRows, TrainBatch
 from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
 from hgpo_jax.rl.rollout import RolloutBatch
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkedTurns:
-    """The rows of an iteration linked into episodes, one entry per packed row [S] (rows >= n are
-    inert: traj_id -1, the rest 0): traj_id int64 (the episode: its env's index), turn int64 (0,
-    1, ... within the episode), done bool (the env ended the episode at this turn), reward
-    float64 (this turn's own env reward for training, no penalty), valid bool (the reply held a
-    valid action). An estimator walks an episode by traj_id in turn order."""
-
-    traj_id: np.ndarray
-    turn: np.ndarray
-    done: np.ndarray
-    reward: np.ndarray
-    valid: np.ndarray
-
-    @classmethod
-    def of(cls, batch: RolloutBatch, rows: int) -> LinkedTurns:
-        """The turns of `batch`'s n rows, padded to `rows` with inert ones."""
-        n = len(batch)
-
-        def pad(x, fill, dtype):
-            out = np.full(rows, fill, dtype)
-            out[:n] = np.asarray(x, dtype)[:n]
-            return out
-
-        return cls(traj_id=pad(batch.traj_id, -1, np.int64), turn=pad(batch.step_id, 0, np.int64),
-                   done=pad(batch.done, False, bool), reward=pad(batch.reward, 0.0, np.float64),
-                   valid=pad(batch.valid, False, bool))
-
-    def episode_rewards(self) -> np.ndarray:
-        """Each row's episode reward (the sum of its episode's turn rewards) [S]; 0 for inert rows."""
-        real = self.traj_id >= 0
-        ids, inverse = np.unique(self.traj_id[real], return_inverse=True)
-        totals = np.zeros(len(ids), np.float64)
-        np.add.at(totals, inverse, self.reward[real])
-        out = np.zeros(self.traj_id.shape, np.float64)
-        out[real] = totals[inverse]
-        return out
+from hgpo_jax.rl.turns import LinkedTurns
 
 
 @dataclasses.dataclass(frozen=True)

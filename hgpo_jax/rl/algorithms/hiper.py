@@ -36,7 +36,7 @@ from hgpo_jax import distributed as dist
 from hgpo_jax.agents.plan_execute import ReplySpans, reply_spans
 from hgpo_jax.rl.algorithms.base import Advantages, StepRows
 from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
-from hgpo_jax.rl.hae import hae_advantages
+from hgpo_jax.rl.hae import hae_of_turns
 
 def block_masks(spans: list[ReplySpans], width: int) -> tuple[np.ndarray, ...]:
     """(action, subgoal, switch) bool [n, width]: each reply's block masks in its response window."""
@@ -89,9 +89,8 @@ class HiperAlgorithm(CriticAlgorithm):
         changed, has_subgoal = subgoal_changed(turns.traj_id[:n], turns.turn[:n],
                                                rows.batch.response_ids, subgoal)
         new_segment = np.asarray([s.new_segment for s in spans], bool)
-        hae = hae_advantages(
-            turns.traj_id[:n], turns.turn[:n], turns.reward[:n], turns.done[:n], new_segment,
-            values[idx, low_at, 0], values[:n, 0, 1], values[:n, 0, 2], valid=turns.valid[:n],
+        hae = hae_of_turns(
+            turns, new_segment, values[idx, low_at, 0], values[:n, 0, 1], values[:n, 0, 2],
             subgoal_changed=changed, has_subgoal=has_subgoal, has_switch=switch.any(1),
             gamma=a.gamma, lam_turn=a.lam, lam_seg=a.lam_seg, keep_penalty=a.keep_penalty,
             keep_penalty_mode=a.keep_penalty_mode, invalid_penalty=a.invalid_penalty,
