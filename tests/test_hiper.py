@@ -10,7 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from hgpo_jax.config import ConfigError, load_config
+from hgpo_jax.config import load_config
+from hgpo_jax.config_checks import ConfigError
 from hgpo_jax.rl.algorithms import HiperAlgorithm, LinkedTurns, StepRows, build_algorithm
 from hgpo_jax.rl.algorithms.hiper import block_masks, subgoal_changed
 from hgpo_jax.rl.batching import pack_rows
@@ -200,7 +201,8 @@ def fake_rl_run(folder, cfg, heads: int):
     import jax.numpy as jnp
 
     from hgpo_jax.checkpoint import Checkpointer
-    from hgpo_jax.config import recorded_config, save_config
+    from hgpo_jax.config import save_config
+    from hgpo_jax.runs import recorded_config
 
     folder.mkdir(parents=True)
     save_config(recorded_config(cfg), str(folder / "config.yaml"))
