@@ -266,7 +266,7 @@ class SftConfig(Options):
     data: str = "expert"
     episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps
-    batch_size: int = 32  # turns per step (micro-batches: see sft_micro_batch_size)
+    batch_size: int = 32  # turns per step (micro-batches: see micro_batches.sft_micro_batch_size)
     heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss (0 = none)
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
