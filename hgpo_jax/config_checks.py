@@ -1,8 +1,8 @@
 """The checks of a config's values, below the schema that declares them (`hgpo_jax.config`):
-the error they raise (`ConfigError`), each value against its field's type (`coerce_value`), the
-keys a config may not hold (an unknown key, an algorithm's option it never reads, a section
-given as null), the names a value may take (`allowed_values`: the algorithms', envs', agents',
-models'; each env's splits and rewards) and the rules that tie sections together
+the error they raise (`ConfigError`), each value against its field's type (`set_field`,
+`coerce_value`), the keys a config may not hold (an unknown key, an algorithm's option it never
+reads, a section given as null), the names a value may take (`allowed_values`: the algorithms',
+envs', agents', models'; each env's splits and rewards) and the rules that tie sections together
 (`cross_section_problems`).
 
 Strict: an unknown key names the closest valid one; a wrong type names the key, the expected type
