@@ -13,65 +13,41 @@ is the file's stem. Override values are read with `yaml.safe_load` (`algo.K=4`, 
 `env.eval_splits=[valid_seen]`, `env.data_dir=null`); for `str` fields the raw text is kept when
 YAML would read it as a number or bool (`name=2024`).
 
-Strict: an unknown key names the closest valid one; a wrong type names the key, the expected type
-and the value. Allowed coercions: int -> float, a numeric string -> float (PyYAML reads `1e-6` as
-a string), None only for Optional fields. Then `Config.validate()` checks the values (allowed
-names, positive sizes, ranges, divisibility) and raises one `ConfigError` listing every problem.
-Nothing here imports JAX at module import time; the allowed estimator/mode/KL/loss/split names
-come from the modules that use them (imported on first validation). See docs/config.md.
+Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and
+how to fix it; `Config.validate()` checks the values (allowed names, positive sizes, ranges,
+divisibility) and raises one listing every problem. The checks, with the error, are
+`hgpo_jax.config_checks`. Nothing here imports JAX at module import time. See docs/config.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import os
-import time
-import types
-import typing
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import yaml
 
-from hgpo_jax.algo_specs import (AGGS, ALGO_OPTIONS, GROUP_ESTIMATORS, KL_TYPES, LEVEL_WEIGHTS,
-                                  MODES, ONE_SCORE_CONFLICT, PENALTY_PLACEMENTS, STATS, Options,
-                                  algorithm_names, algorithm_spec, one_score_conflict, readers_of)
+from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, Options, algorithm_names,
+                                  algorithm_spec, one_score_conflict)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
+from hgpo_jax.config_checks import (EVAL_PROTOCOLS, SCHEDULES, ConfigError, allowed_values,
+                                    check_algo_keys, cross_section_problems, env_rewards,
+                                    env_splits, field_types, section_switch_error, set_field,
+                                    unknown_key)
 from hgpo_jax.metrics import write_atomically
-from hgpo_jax.problems import Problems, closest, suggest
+from hgpo_jax.micro_batches import largest_divisor_at_most
+from hgpo_jax.problems import Problems, suggest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
-DTYPES = ("float32", "bfloat16")
-SCHEDULES = ("constant", "cosine")
-# The algorithms' names and options are declared in `hgpo_jax.algo_specs` (below this module and
-# the RL core, which both read them); these names stay importable from here.
-EVAL_PROTOCOLS = ("verl-agent", "each-once")  # rl.evaluation
 BASE_KEY = "base"
 RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 RUN_CHANGES_FILE = "config_changes.jsonl"  # what later resumes changed, one JSON line per resume
-# Keys that say how a run executes, where it writes or how long it goes on, not what it learns: a
-# resume may change them (the change is recorded beside the run's config). A change of any other
-# key (the estimator and its options, the optimizer, the model, the env, the rollouts, the data)
-# changes what the run is, and a resume refuses it unless asked (`--allow-change`).
-RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
-                "train.keep_checkpoints", "train.remat", "train.micro_batch_size",
-                "train.max_tokens_per_micro_batch", "train.pad_multiple", "train.diagnostics",
-                "model.attention", "env.num_workers", "env.step_timeout", "env.reset_timeout",
-                "rollout.prefill_chunk", "sft.steps", "sft.eval_every", "sft.save_every",
-                "eval.*", "mesh.*", "dist.*")
-PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message says which key and how to fix it."""
-
 
 # ------------------------------------------------------------------------------------- schema
 @dataclass
@@ -110,12 +86,12 @@ class EnvConfig(Options):
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("name", self.name, allowed_values()["env"])
-        splits = _env_splits(self.name)
+        splits = env_splits(self.name)
         if splits:
             p.one_of("split", self.split, splits)
         p.at_least("seed", self.seed, 0)
         p.one_of("projection", self.projection, allowed_values()["projection"])
-        rewards = _env_rewards(self.name)
+        rewards = env_rewards(self.name)
         if rewards:
             p.one_of("reward", self.reward, rewards)
         p.check(self.data_dir is None or bool(self.data_dir.strip()), "data_dir", self.data_dir,
@@ -242,7 +218,7 @@ class TrainConfig(Options):
         mini, micro = self.mini_batch_size, self.micro_batch_size
         if mini >= 1 and micro >= 1 and mini % micro:
             p.add(f"train.mini_batch_size={mini} must be a multiple of train.micro_batch_size="
-                  f"{micro}; e.g. set train.micro_batch_size={_largest_divisor_at_most(mini, micro)}")
+                  f"{micro}; e.g. set train.micro_batch_size={largest_divisor_at_most(mini, micro)}")
         p.at_least("seed", self.seed, 0)
         p.check(bool(self.run_dir.strip()), "run_dir", self.run_dir, "a folder path (may use {name})")
         p.at_least("save_every", self.save_every, 0)
@@ -290,7 +266,7 @@ class SftConfig(Options):
     data: str = "expert"
     episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps
-    batch_size: int = 32  # turns per step (micro-batches: see sft_micro_batch_size)
+    batch_size: int = 32  # turns per step (micro-batches: see micro_batches.sft_micro_batch_size)
     heldout: float = 0.1  # fraction of the episodes (or turns) held out for the held-out loss (0 = none)
     eval_every: int = 50  # steps between held-out losses (the last step always has one)
     save_every: int = 100  # steps between checkpoints (0 = only at the end)
@@ -387,10 +363,18 @@ class Config:
         return self.train.run_dir.replace("{name}", self.name)
 
     def validate(self) -> Config:
-        """Check every value; raise one ConfigError listing all problems. Returns self."""
-        problems = _semantic_problems(self)
-        if problems:
-            raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        """Check every value; raise one ConfigError listing all problems, as 'key: what is wrong;
+        how to fix' strings: each section's own (checked beside its fields, `_own_problems`),
+        then the rules that tie sections together (`config_checks.cross_section_problems`).
+        Returns self."""
+        p = Problems()
+        p.check(bool(self.name.strip()) and "/" not in self.name, "name", self.name,
+                "a non-empty name without '/'")
+        for section in SECTIONS:
+            p.items.extend(getattr(self, section).problems(f"{section}."))
+        cross_section_problems(self, p)
+        if p.items:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(p.items))
         return self
 
 
@@ -401,124 +385,7 @@ TOP_LEVEL_SCALARS = ("name",)
 SECTIONS_OF_ALGORITHMS = ("critic",)
 
 
-def algo_sections(cfg: Config) -> tuple[str, ...]:
-    """The sections `cfg`'s algorithm reads besides algo (none for an unknown algorithm)."""
-    return cfg.algo.spec.sections if cfg.algo.estimator in algorithm_names() else ()
-
-
-# ------------------------------------------------------------------------------------- typing
-@lru_cache(maxsize=None)
-def _field_types(cls: type) -> dict[str, Any]:
-    """Resolved type hints of a config dataclass (annotations are strings here)."""
-    return typing.get_type_hints(cls)
-
-
-def _type_name(tp: Any) -> str:
-    """Readable type: 'float', 'str | None', 'list[str]'."""
-    if tp is type(None):
-        return "None"
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list[{_type_name(typing.get_args(tp)[0])}]"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _bad_type(key: str, tp: Any, value: Any, hint: str = "") -> ConfigError:
-    return ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})"
-                       + (f"; {hint}" if hint else ""))
-
-
-def coerce_value(key: str, value: Any, tp: Any) -> Any:
-    """Check `value` against the field type `tp`; return it (coerced) or raise ConfigError.
-
-    Coercions: int -> float; a numeric string -> float; None only for Optional types. bool is
-    never an int or float. NaN is refused for floats.
-    """
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) != 1:
-            raise TypeError(f"unsupported config field type {tp}")
-        try:
-            return coerce_value(key, value, inner[0])
-        except ConfigError:
-            if typing.get_origin(inner[0]) is not None:
-                raise  # a container's own message names the bad element
-            raise _bad_type(key, tp, value, "give a value or null") from None
-    if value is None:
-        return _none_error(key, tp)
-    if origin is list:
-        if not isinstance(value, list):
-            raise _bad_type(key, tp, value, f"write a YAML list, e.g. {key.split('.')[-1]}: [a, b] "
-                                            f"or {key}=[a,b]")
-        (elem,) = typing.get_args(tp)
-        return [coerce_value(f"{key}[{i}]", v, elem) for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise _bad_type(key, tp, value, "use true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad_type(key, tp, value, "use a whole number")
-        return value
-    if tp is float:
-        return _coerce_float(key, value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise _bad_type(key, tp, value, "quote it to make it a string")
-        return value
-    raise TypeError(f"unsupported config field type {tp}")
-
-
-def _none_error(key: str, tp: Any):
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got null/None; only Optional fields "
-                      "accept null, so give a value or delete the key to keep the default")
-
-
-def _coerce_float(key: str, value: Any) -> float:
-    """int, float or numeric string -> float; bool and NaN refused."""
-    if isinstance(value, bool):
-        raise _bad_type(key, float, value, "use a number")
-    if isinstance(value, int):
-        return float(value)
-    if isinstance(value, float):
-        out = value
-    elif isinstance(value, str):
-        try:
-            out = float(value.strip())
-        except ValueError:
-            raise _bad_type(key, float, value, "use a number such as 0.5 or 1e-6") from None
-    else:
-        raise _bad_type(key, float, value, "use a number")
-    if math.isnan(out):
-        raise ConfigError(f"{key}: NaN is not a valid value; use a number")
-    return out
-
-
-def _unknown_key(key: str, valid: Sequence[str], prefix: str, where: str) -> ConfigError:
-    full = f"{prefix}{key}"
-    return ConfigError(f"{where}unknown config key {full!r}.{suggest(str(key), valid, prefix)} "
-                       f"Valid keys{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(valid)}")
-
-
 # ------------------------------------------------------------------------------------- merging
-def _set_field(obj: Any, key: str, value: Any, prefix: str, where: str) -> None:
-    """Type-check `value` for field `key` of dataclass instance `obj` and set it."""
-    hints = _field_types(type(obj))
-    valid = [f.name for f in dataclasses.fields(obj)]
-    if key not in valid:
-        raise _unknown_key(key, valid, prefix, where)
-    try:
-        setattr(obj, key, coerce_value(f"{prefix}{key}", value, hints[key]))
-    except ConfigError as e:
-        raise ConfigError(f"{where}{e}") from None
-
-
 def _negate(value: Any) -> Any:
     return -value if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
@@ -563,10 +430,10 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "",
         if not isinstance(key, str):
             raise ConfigError(f"{where}config keys must be strings, got {key!r}")
         if key in TOP_LEVEL_SCALARS:
-            _set_field(cfg, key, value, "", where)
+            set_field(cfg, key, value, "", where)
         elif key in SECTIONS:
             if key in SECTIONS_OF_ALGORITHMS and (value is None or value is False):
-                raise _section_switch_error(key, value, where)
+                raise section_switch_error(key, value, where)
             if value is None:
                 continue  # an empty section (`algo:` with nothing under it) keeps the defaults
             if not isinstance(value, Mapping):
@@ -576,13 +443,13 @@ def apply_mapping(cfg: Config, mapping: Mapping[str, Any], where: str = "",
                 if not isinstance(sub, str):
                     raise ConfigError(f"{where}{key}: keys must be strings, got {sub!r}")
                 name, sub, sub_value = _renamed(key, sub, sub_value, where)
-                _set_field(getattr(cfg, name), sub, sub_value, f"{name}.", where)
+                set_field(getattr(cfg, name), sub, sub_value, f"{name}.", where)
                 if given is not None and name == "algo" and sub != "estimator":
                     given[sub] = where
         elif key == BASE_KEY:
             raise ConfigError(f"{where}'base' is only allowed at the top of a YAML file")
         else:
-            raise _unknown_key(key, top_valid, "", where)
+            raise unknown_key(key, top_valid, "", where)
     return cfg
 
 
@@ -596,33 +463,6 @@ def switch_algorithm(cfg: Config, estimator: Any, given: dict[str, str]) -> None
     for key, value in algorithm_spec(estimator).option_defaults().items():
         setattr(cfg.algo, key, value)
     given.clear()
-
-
-def check_algo_keys(cfg: Config, given: Mapping[str, str]) -> None:
-    """Refuse the `algo` options given (in a config file or an override: `given`, key -> where)
-    that the chosen algorithm does not read, naming the key and the algorithms that read it."""
-    if cfg.algo.estimator not in algorithm_names():
-        return  # the validation names the unknown algorithm
-    for key, where in given.items():
-        users = readers_of(key)
-        if cfg.algo.estimator not in users:
-            raise ConfigError(
-                f"{where}algo.{key} is not an option of algo.estimator={cfg.algo.estimator}, "
-                f"which never reads it (it is {', '.join(users)}'s); drop it, or choose "
-                f"{'that algorithm' if len(users) == 1 else 'one of those'}")
-
-
-def _section_switch_error(key: str, value: Any, where: str) -> ConfigError:
-    """`critic: null` (or false, or empty) read as an attempt to turn the section's model off:
-    the algorithm decides whether there is one; the section only sets it up."""
-    users = [name for name in algorithm_names() if key in algorithm_spec(name).sections]
-    others = [name for name in algorithm_names() if name not in users]
-    text = "null" if value is None else "false"
-    return ConfigError(
-        f"{where}{key}: {text} does not turn the {key} off: "
-        f"algo.estimator decides whether a run has one ({', '.join(users)} train a {key}; "
-        f"{', '.join(others)} do not) and this section only sets it up; drop the line (its "
-        f"defaults), or choose an algorithm without a {key} (e.g. algo.estimator={others[-1]})")
 
 
 # ------------------------------------------------------------------------------------- files
@@ -717,11 +557,11 @@ def _field_type(cfg: Config, key: str) -> Any | None:
     """Type of dotted `key` in cfg, or None if the key does not exist (checked later)."""
     parts = key.split(".")
     if len(parts) == 1 and parts[0] in TOP_LEVEL_SCALARS:
-        return _field_types(Config)[parts[0]]
+        return field_types(Config)[parts[0]]
     if len(parts) == 2 and (parts[0], parts[1]) in RENAMED_KEYS:
         parts = list(RENAMED_KEYS[(parts[0], parts[1])][:2])
     if len(parts) == 2 and parts[0] in SECTIONS:
-        return _field_types(SECTIONS[parts[0]]).get(parts[1])
+        return field_types(SECTIONS[parts[0]]).get(parts[1])
     return None
 
 
@@ -736,16 +576,14 @@ def apply_override(cfg: Config, text: str, given: dict[str, str] | None = None) 
     parts = key.split(".")
     where = f"override {text!r}: "
     if len(parts) == 1:
-        if parts[0] in SECTIONS:
+        if parts[0] in SECTIONS or parts[0] in TOP_LEVEL_SCALARS:
             return apply_mapping(cfg, {parts[0]: value}, where, given)
-        if parts[0] in TOP_LEVEL_SCALARS:
-            return apply_mapping(cfg, {parts[0]: value}, where, given)
-        raise _unknown_key(parts[0], [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
+        raise unknown_key(parts[0], [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
     if len(parts) != 2:
         raise ConfigError(f"{where}keys have at most two parts (section.key), got {key!r}")
     section, sub = parts
     if section not in SECTIONS:
-        raise _unknown_key(section, [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
+        raise unknown_key(section, [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
     return apply_mapping(cfg, {section: {sub: value}}, where, given)
 
 
@@ -815,17 +653,9 @@ def save_config(cfg: Config, path: str) -> str:
     return path
 
 
-def flat_config(cfg: Config) -> dict[str, Any]:
-    """{"section.key": value} of every option ("name" at the top)."""
-    out: dict[str, Any] = {"name": cfg.name}
-    for section in SECTIONS:
-        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
-            out[f"{section}.{key}"] = value
-    return out
-
-
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """{"section.key": value} -> {"section": {"key": value}} (the inverse of flat_config)."""
+    """{"section.key": value} -> {"section": {"key": value}} (the inverse of
+    `runs.flat_config`)."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
         section, _, sub = key.partition(".")
@@ -834,35 +664,6 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[section] = value
     return out
-
-
-def _same_path_value(key: str, value: Any) -> Any:
-    """A path option as the absolute path of what it names, where that exists (so that the
-    relative and absolute spellings of one folder compare equal)."""
-    if key in PATH_KEYS and isinstance(value, str) and os.path.exists(value):
-        return os.path.abspath(value)
-    return value
-
-
-def recorded_config(cfg: Config) -> Config:
-    """The config as a run records it: each of PATH_KEYS that names an existing file or folder as
-    an absolute path, so that the run resumes, evaluates and exports from any working folder."""
-    flat = flat_config(cfg)
-    paths = {k: _same_path_value(k, flat[k]) for k in PATH_KEYS}
-    return apply_mapping(config_from_dict(config_to_dict(cfg)), unflatten(paths))
-
-
-def config_changes(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
-    """{"section.key": (old value, new value)} of every option that differs (paths compared by
-    what they name; train.run_dir left out: a run is where its folder is)."""
-    a, b = flat_config(old), flat_config(new)
-    return {k: (a[k], b[k]) for k in a if k != "train.run_dir"
-            and _same_path_value(k, a[k]) != _same_path_value(k, b[k])}
-
-
-def is_run_setting(key: str) -> bool:
-    """Whether a resume may change `key` without changing what the run is (RUN_SETTINGS)."""
-    return key in RUN_SETTINGS or f"{key.partition('.')[0]}.*" in RUN_SETTINGS
 
 
 def read_config_changes(run_dir: str) -> list[dict]:
@@ -883,197 +684,10 @@ def read_config_changes(run_dir: str) -> list[dict]:
     return records
 
 
-def record_config_changes(run_dir: str, step: int, changes: Mapping[str, tuple[Any, Any]]) -> None:
-    """Append one resume's changes, in effect from `step` on, to RUN_DIR/config_changes.jsonl
-    (the file is rewritten atomically: a crash leaves the old record or the new one)."""
-    path = os.path.join(run_dir, RUN_CHANGES_FILE)
-    old = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
-    line = json.dumps({"step": int(step), "time": time.time(),
-                       "changes": {k: list(v) for k, v in changes.items()}})
-    write_atomically(path, (old + line + "\n").encode("utf-8"))
-
-
-def format_config(cfg: Config) -> str:
-    """Compact multi-line summary for printing at start-up: the name, run folder and agent, then
-    one line per section."""
-    lines = [f"config {cfg.name}  (run dir {cfg.run_path()}, agent {cfg.agent.name})"]
-    width = max(map(len, SECTIONS))
-    for section in SECTIONS:
-        if section in SECTIONS_OF_ALGORITHMS and section not in algo_sections(cfg):
-            continue  # e.g. only a run with a critic shows the critic section
-        if section == "agent":
-            continue  # one key, in the title
-        values = dataclasses.asdict(getattr(cfg, section))
-        items = " ".join(f"{k}={_short(v)}" for k, v in values.items())
-        lines.append(f"  {section:<{width}}  {items}")
-    return "\n".join(lines)
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, list):
-        return "[" + ",".join(map(str, value)) + "]"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-# ------------------------------------------------------------------------------------- validation
-@lru_cache(maxsize=1)
-def allowed_values() -> dict[str, tuple[str, ...]]:
-    """Allowed names: the algorithm's (above) and those of the envs and models (imported lazily)."""
-    from hgpo_jax.agents import agent_names, projection_names
-    from hgpo_jax.envs.registry import env_names
-    from hgpo_jax.models.decoder import ATTENTION_IMPLS
-
-    return {"estimator": algorithm_names(), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
-            "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,
-            "schedule": SCHEDULES, "penalty_placement": tuple(PENALTY_PLACEMENTS),
-            "stats": tuple(STATS), "level_weights": tuple(LEVEL_WEIGHTS),
-            "agent": agent_names(), "projection": projection_names(),
-            "protocol": tuple(EVAL_PROTOCOLS),
-            "attention": tuple(a for a in ATTENTION_IMPLS if a != "flash_standin")}
-
-
-def _env_splits(name: str) -> tuple[str, ...]:
-    """The split names of env `name` (none for an unknown env: its name is reported instead)."""
-    from hgpo_jax.envs.registry import env_names, get_env
-
-    return get_env(name).splits if name in env_names() else ()
-
-
-def _env_eval_splits(name: str) -> tuple[str, ...]:
-    """The default evaluation splits of env `name` (none for an unknown env)."""
-    from hgpo_jax.envs.registry import env_names, get_env
-
-    return get_env(name).eval_splits if name in env_names() else ()
-
-
-def _env_rewards(name: str) -> tuple[str, ...]:
-    """The training reward names of env `name` (none for an unknown env)."""
-    from hgpo_jax.envs.registry import env_names, get_env, reward_names
-
-    return reward_names(get_env(name)) if name in env_names() else ()
-
-
-def _agent_spec(name: str):
-    """The registry entry of agent `name` (None for an unknown agent: its name is reported)."""
-    from hgpo_jax.agents.registry import agent_names, agent_spec
-
-    return agent_spec(name) if name in agent_names() else None
-
-
-def _semantic_problems(cfg: Config) -> list[str]:
-    """Every semantic problem of cfg, as 'key: what is wrong; how to fix' strings: each section's
-    own (checked beside its fields, `_own_problems`), then the rules that tie sections together."""
-    problems = Problems()
-    problems.check(bool(cfg.name.strip()) and "/" not in cfg.name, "name", cfg.name,
-                   "a non-empty name without '/'")
-    for section in SECTIONS:
-        problems.items.extend(getattr(cfg, section).problems(f"{section}."))
-    _cross_section_problems(cfg, problems)
-    return problems.items
-
-
-def _cross_section_problems(cfg: Config, p: Problems) -> None:
-    """The rules over two sections: group sizes and the agent the algorithm allows, the agent's
-    prompts and reply rules for the env, the longest row in a token budget, the env's splits to
-    evaluate, SFT and mesh sizes against the micro-batch."""
-    e, r, a, t, v, f = cfg.env, cfg.rollout, cfg.algo, cfg.train, cfg.eval, cfg.sft
-    if a.estimator in algorithm_names() and a.spec.singleton_groups:
-        p.at_least("rollout.group_size", r.group_size, 1)
-    else:
-        p.check(r.group_size >= 2, "rollout.group_size", r.group_size,
-                ">= 2 (group-relative advantages are 0 in a group of one)")
-    if a.estimator in algorithm_names() and a.spec.agent not in (None, cfg.agent.name):
-        p.add(f"algo.estimator={a.estimator!r} needs the agent {a.spec.agent!r} (its reply format); "
-              f"set agent.name={a.spec.agent}")
-    agent = _agent_spec(cfg.agent.name)
-    if agent and e.name in allowed_values()["env"]:
-        p.check(e.name in agent.envs, "agent.name", cfg.agent.name, f"an agent with a prompt for "
-                f"env.name={e.name!r} (this one has prompts for {', '.join(agent.envs)})")
-    if agent and e.projection in allowed_values()["projection"]:
-        p.one_of("env.projection", e.projection, agent.projections)
-    if t.max_tokens_per_micro_batch > 0 and t.pad_multiple >= 1:  # the longest row must fit
-        longest = r.max_prompt_tokens + r.max_new_tokens
-        padded = -(-longest // t.pad_multiple) * t.pad_multiple
-        p.check(t.max_tokens_per_micro_batch >= padded, "train.max_tokens_per_micro_batch",
-                t.max_tokens_per_micro_batch,
-                f"0 (off) or at least the longest possible row, rollout.max_prompt_tokens + "
-                f"rollout.max_new_tokens = {longest} tokens padded to train.pad_multiple="
-                f"{t.pad_multiple}: set it to >= {padded}")
-
-    splits = _env_splits(e.name)
-    if not v.splits:
-        example = ",".join(_env_eval_splits(e.name) or splits[:1])
-        p.add(f"eval.splits=[] is empty: name the splits to evaluate, e.g. eval.splits=[{example}]"
-              + (f" (env {e.name!r} has the splits {', '.join(splits)})" if splits else ""))
-    for i, s in enumerate(v.splits):
-        if splits:
-            p.one_of(f"eval.splits[{i}]", s, splits)
-
-    if f.batch_size >= 1 and t.micro_batch_size >= 1 \
-            and not sft_batch_fits(f.batch_size, t.micro_batch_size):
-        micro = _largest_divisor_at_most(f.batch_size, t.micro_batch_size)
-        below, above = _nearest_sft_batch_sizes(f.batch_size, t.micro_batch_size)
-        p.add(f"sft.batch_size={f.batch_size} runs in micro-batches of {micro} row(s) only (its "
-              f"largest divisor <= train.micro_batch_size={t.micro_batch_size}), under half of "
-              f"min(sft.batch_size, train.micro_batch_size) = "
-              f"{min(f.batch_size, t.micro_batch_size)}; set sft.batch_size={below} or "
-              f"{above} (a multiple of {t.micro_batch_size} runs {t.micro_batch_size}-row micro-batches)")
-
-    m = cfg.mesh
-    data_parallel = m.data * m.fsdp  # every micro-batch is split over both axes
-    if m.data >= 1 and m.fsdp >= 1 and t.micro_batch_size >= 1 \
-            and t.micro_batch_size % data_parallel:
-        fits = [n for n in range(data_parallel, t.mini_batch_size + 1, data_parallel)
-                if t.mini_batch_size % n == 0]
-        near = [n for n in fits if n >= t.micro_batch_size] or fits  # closest to the setting
-        fix = (f"set train.micro_batch_size={near[0] if near[0] >= t.micro_batch_size else near[-1]}"
-               if fits else
-               f"make train.mini_batch_size and train.micro_batch_size multiples of {data_parallel}")
-        p.add(f"train.micro_batch_size={t.micro_batch_size} cannot be split over the "
-              f"data-parallel size mesh.data x mesh.fsdp = {data_parallel}: {fix}, or use a "
-              f"mesh whose data x fsdp divides {t.micro_batch_size}")
-
-
-def sft_micro_batch_size(cfg: Config) -> int:
-    """Rows per SFT micro-batch: the largest divisor of sft.batch_size <= train.micro_batch_size.
-
-    The RL paper configs use micro-batches of 32-64 step rows; an SFT step of fewer turns then runs
-    as one micro-batch instead of being rejected. Validation refuses an sft.batch_size whose
-    micro-batches would hold under half of min(sft.batch_size, train.micro_batch_size) rows
-    (`sft_batch_fits`: 7 with 4 would run 1-row micro-batches).
-    """
-    return _largest_divisor_at_most(cfg.sft.batch_size, cfg.train.micro_batch_size)
-
-
-def sft_batch_fits(batch_size: int, micro_batch_size: int) -> bool:
-    """Whether sft.batch_size runs in micro-batches of at least half of min(sft.batch_size,
-    train.micro_batch_size) rows (the micro-batch: `sft_micro_batch_size`): 6 with 4 (3-row
-    micro-batches) does, 7 with 4 (1-row micro-batches) does not."""
-    return 2 * _largest_divisor_at_most(batch_size, micro_batch_size) >= min(batch_size, micro_batch_size)
-
-
-def _nearest_sft_batch_sizes(batch_size: int, micro_batch_size: int) -> tuple[int, int]:
-    """The nearest sft.batch_size below and above `batch_size` that `sft_batch_fits` (any size up to
-    train.micro_batch_size fits, and so does any multiple of it, so both exist for a size that
-    does not fit)."""
-    below = next(n for n in range(batch_size - 1, 0, -1) if sft_batch_fits(n, micro_batch_size))
-    above = next(n for n in range(batch_size + 1, batch_size + micro_batch_size + 1)
-                 if sft_batch_fits(n, micro_batch_size))
-    return below, above
-
-
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    """Largest d <= cap dividing n (for the mini/micro batch hint)."""
-    return next(d for d in range(min(n, cap), 0, -1) if n % d == 0)
-
-
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "CriticConfig", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig", "ModelConfig",
-    "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig", "RENAMED_KEYS", "allowed_values", "apply_override", "available_configs",
-    "config_from_dict", "config_to_dict", "format_config", "load_config", "parse_override",
-    "resolve_config_path", "save_config", "sft_batch_fits", "sft_micro_batch_size", "RUN_CHANGES_FILE", "RUN_SETTINGS",
-    "config_changes", "flat_config", "is_run_folder", "is_run_setting", "read_config_changes",
-    "record_config_changes", "recorded_config", "unflatten",
+    "AlgoConfig", "Config", "CriticConfig", "DistConfig", "EnvConfig", "EvalConfig", "MeshConfig",
+    "ModelConfig", "OptimConfig", "RolloutConfig", "SftConfig", "TrainConfig",
+    "RENAMED_KEYS", "RUN_CHANGES_FILE", "RUN_CONFIG_FILE", "apply_override", "available_configs",
+    "config_from_dict", "config_to_dict", "is_run_folder", "load_config", "parse_override",
+    "read_config_changes", "resolve_config_path", "save_config", "unflatten",
 ]

@@ -1,6 +1,10 @@
 """What every training run (RL or supervised) shares: the run folder, the model, the optimizer,
 checkpoints and metrics; and loading a policy from any `model.path` (and the model a run's
 algorithm trains besides it: a PPO or HiPER run's critic).
+A run folder's record of its config is kept here too: the config as recorded (`recorded_config`,
+paths made absolute), what a resume may change without changing what the run is
+(`RUN_SETTINGS`, `is_run_setting`) and the changes it made (`config_changes`,
+`record_config_changes`; `hgpo_jax.config.load_config` reads them back).
 
     model, tokenizer, base = load_model(path, dtype="float32", mesh=mesh)
 
@@ -13,10 +17,13 @@ latest checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import signal
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import flax.struct
@@ -26,6 +33,9 @@ from flax import nnx
 from hgpo_jax import distributed as dist
 from hgpo_jax.build import resolve_model_path
 from hgpo_jax.checkpoint import Checkpointer
+from hgpo_jax.config import (RUN_CHANGES_FILE, SECTIONS, Config, apply_mapping, config_from_dict,
+                             config_to_dict, is_run_folder, load_config, save_config, unflatten)
+from hgpo_jax.metrics import write_atomically
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.decoder import relayout_layers
 from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings, shard_params
@@ -136,8 +146,6 @@ def _export_files(folder: str) -> list[str]:
 def write_export_record(out_dir: str, run_dir: str, what: str) -> None:
     """Record in OUT_DIR what `hgpo-jax export` wrote there (every file), from which run and
     checkpoint, so a later `export --overwrite` knows the folder for an export."""
-    from hgpo_jax.metrics import write_atomically
-
     found = latest_checkpoint(run_dir)
     record = {"run": os.path.abspath(run_dir), "step": found[1] if found else None, "what": what,
               "files": sorted(_files_under(out_dir))}
@@ -145,16 +153,77 @@ def write_export_record(out_dir: str, run_dir: str, what: str) -> None:
                      (json.dumps(record, indent=1) + "\n").encode("utf-8"))
 
 
+# ------------------------------------------------------------------ the run's record of its config
+# Keys that say how a run executes, where it writes or how long it goes on, not what it learns: a
+# resume may change them (the change is recorded beside the run's config). A change of any other
+# key (the estimator and its options, the optimizer, the model, the env, the rollouts, the data)
+# changes what the run is, and a resume refuses it unless asked (`--allow-change`).
+RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
+                "train.keep_checkpoints", "train.remat", "train.micro_batch_size",
+                "train.max_tokens_per_micro_batch", "train.pad_multiple", "train.diagnostics",
+                "model.attention", "env.num_workers", "env.step_timeout", "env.reset_timeout",
+                "rollout.prefill_chunk", "sft.steps", "sft.eval_every", "sft.save_every",
+                "eval.*", "mesh.*", "dist.*")
+PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
+
+
+def flat_config(cfg: Config) -> dict[str, Any]:
+    """{"section.key": value} of every option ("name" at the top)."""
+    out: dict[str, Any] = {"name": cfg.name}
+    for section in SECTIONS:
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            out[f"{section}.{key}"] = value
+    return out
+
+
+def _same_path_value(key: str, value: Any) -> Any:
+    """A path option as the absolute path of what it names, where that exists (so that the
+    relative and absolute spellings of one folder compare equal)."""
+    if key in PATH_KEYS and isinstance(value, str) and os.path.exists(value):
+        return os.path.abspath(value)
+    return value
+
+
+def recorded_config(cfg: Config) -> Config:
+    """The config as a run records it: each of PATH_KEYS that names an existing file or folder as
+    an absolute path, so that the run resumes, evaluates and exports from any working folder."""
+    flat = flat_config(cfg)
+    paths = {k: _same_path_value(k, flat[k]) for k in PATH_KEYS}
+    return apply_mapping(config_from_dict(config_to_dict(cfg)), unflatten(paths))
+
+
+def config_changes(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """{"section.key": (old value, new value)} of every option that differs (paths compared by
+    what they name; train.run_dir left out: a run is where its folder is)."""
+    a, b = flat_config(old), flat_config(new)
+    return {k: (a[k], b[k]) for k in a if k != "train.run_dir"
+            and _same_path_value(k, a[k]) != _same_path_value(k, b[k])}
+
+
+def is_run_setting(key: str) -> bool:
+    """Whether a resume may change `key` without changing what the run is (RUN_SETTINGS)."""
+    return key in RUN_SETTINGS or f"{key.partition('.')[0]}.*" in RUN_SETTINGS
+
+
+def record_config_changes(run_dir: str, step: int, changes: Mapping[str, tuple[Any, Any]]) -> None:
+    """Append one resume's changes, in effect from `step` on, to RUN_DIR/config_changes.jsonl
+    (the file is rewritten atomically: a crash leaves the old record or the new one)."""
+    path = os.path.join(run_dir, RUN_CHANGES_FILE)
+    old = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
+    line = json.dumps({"step": int(step), "time": time.time(),
+                       "changes": {k: list(v) for k, v in changes.items()}})
+    write_atomically(path, (old + line + "\n").encode("utf-8"))
+
+
+
 def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool,
                      allow_change: bool) -> dict:
     """Whether a run of `kind` may start (or, `resume`, go on) in `run_dir`, before anything loads
     or is written; raises ValueError / FileExistsError saying what to do instead. Returns the
     changes a resume makes to the run's recorded config ({"section.key": (old, new)}; {} for a
-    new run): a change of what the run is (not `config.is_run_setting`) is refused unless
+    new run): a change of what the run is (not `is_run_setting`) is refused unless
     `allow_change`, and an RL run's checkpoint must hold the state its algorithm keeps
     (`check_resumed_state`). `record` False (an evaluation reads the folder) checks nothing."""
-    from hgpo_jax.config import config_changes, is_run_folder, is_run_setting, load_config
-
     if not record:
         return {}
     if os.path.abspath(run_dir) == os.path.abspath(cfg.model.path):
@@ -252,8 +321,6 @@ def run_source(run_dir: str) -> str:
     """The model.path a run folder's weights go on: the folder its model.path resolved to when the
     run started (a build recipe may have changed since: "build:..." could resolve to another
     folder now), else its config's model.path."""
-    from hgpo_jax.config import load_config
-
     recorded = os.path.join(run_dir, MODEL_SOURCE)
     if os.path.isfile(recorded):
         with open(recorded, encoding="utf-8") as f:
@@ -264,8 +331,6 @@ def run_source(run_dir: str) -> str:
 
 
 def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **options):
-    from hgpo_jax.config import load_config
-
     cfg = load_config(run_dir)
     want_scan = options.pop("scan_layers", cfg.model.scan_layers)
     model, tokenizer, base = load_model(run_source(run_dir), dtype or cfg.model.dtype,
@@ -406,7 +471,6 @@ class Run:
         record (a new run its config, `recorded_config`, and model source; a resumed one the
         changes its config made, in `config_changes.jsonl` from `step` on) and open the metrics
         logger and the writing checkpointer."""
-        from hgpo_jax.config import record_config_changes, recorded_config, save_config
         from hgpo_jax.metrics import MetricsLogger
 
         if not self.record:

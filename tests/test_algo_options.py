@@ -11,7 +11,8 @@ import pytest
 
 from hgpo_jax.algo_specs import (ALGORITHMS, LossOptions, algorithm_names, hiper_option_defaults,
                                  readers_of)
-from hgpo_jax.config import (ConfigError, available_configs, load_config, save_config)
+from hgpo_jax.config import available_configs, load_config, save_config
+from hgpo_jax.config_checks import ConfigError
 
 HIPER = ["algo.estimator=hiper", "agent.name=plan-execute"]
 

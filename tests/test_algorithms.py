@@ -9,7 +9,8 @@ import pytest
 
 from hgpo_jax import algo_specs
 from hgpo_jax.algo_specs import ALGO_OPTIONS, AlgorithmSpec, GroupOptions, algorithm_spec
-from hgpo_jax.config import AlgoConfig, ConfigError, load_config
+from hgpo_jax.config import AlgoConfig, load_config
+from hgpo_jax.config_checks import ConfigError
 from hgpo_jax.rl import algorithms
 from hgpo_jax.rl.advantages import AdvantageOptions, compute_step_advantages
 from hgpo_jax.rl.algorithms import (Advantages, Algorithm, CriticAlgorithm, GroupAlgorithm,
@@ -59,7 +60,7 @@ def test_the_config_reads_the_declaration():
     with pytest.raises(ConfigError, match="rollout.group_size=1: must be >= 2"):
         load_config("tiny_cpu_ppo", ["algo.estimator=grpo"])
     # an algorithm's own sections are shown for it only
-    from hgpo_jax.config import format_config
+    from hgpo_jax.commands.common import format_config
     assert "\n  critic" in format_config(load_config("tiny_cpu_ppo"))
     assert "\n  critic" not in format_config(load_config("tiny_cpu"))
 

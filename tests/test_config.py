@@ -9,9 +9,10 @@ import os
 import pytest
 import yaml
 
-from hgpo_jax.config import (CONFIG_DIR, AlgoConfig, Config, ConfigError, available_configs,
-                             config_from_dict, config_to_dict, format_config, load_config,
-                             save_config)
+from hgpo_jax.commands.common import format_config
+from hgpo_jax.config import (CONFIG_DIR, AlgoConfig, Config, available_configs, config_from_dict,
+                             config_to_dict, load_config, save_config)
+from hgpo_jax.config_checks import ConfigError
 
 PAPER_RUNS = [f"{algo}_alfworld_qwen2.5_{size}" for size in ("1.5b", "7b")
               for algo in ("hgpo_k2", "hgpo_k4", "gigpo", "grpo", "rloo")]
@@ -60,7 +61,7 @@ def test_default_lists_are_not_shared():
 
 
 def test_allowed_values_come_from_the_consumers():
-    from hgpo_jax.config import _env_splits, allowed_values
+    from hgpo_jax.config_checks import allowed_values, env_splits
     from hgpo_jax.envs.alfworld import SPLITS
     from hgpo_jax.agents.verl_agent.projection import PROJECTIONS
     from hgpo_jax.envs.webshop import SPLITS as WEBSHOP_SPLITS
@@ -73,7 +74,7 @@ def test_allowed_values_come_from_the_consumers():
     assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"]) == (
         (*ESTIMATORS, ESTIMATOR, "hiper"), MODES, KL_TYPES, AGGS)
     assert set(v["env"]) == {"alfworld", "toy", "toy-history", "webshop"}  # the env registry
-    assert (_env_splits("alfworld"), _env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
+    assert (env_splits("alfworld"), env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
     assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (
         PENALTY_PLACEMENTS, STATS, LEVEL_WEIGHTS, PROJECTIONS, EVAL_PROTOCOLS)
 
@@ -250,7 +251,7 @@ def test_wrong_types(override, match):
 
 
 def test_bool_field_is_strict():
-    from hgpo_jax.config import coerce_value
+    from hgpo_jax.config_checks import coerce_value
 
     assert coerce_value("x", True, bool) is True
     for bad in (0, 1, "true"):

@@ -10,7 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from hgpo_jax.config import ConfigError, load_config
+from hgpo_jax.config import load_config
+from hgpo_jax.config_checks import ConfigError
 from hgpo_jax.rl.algorithms import HiperAlgorithm, LinkedTurns, StepRows, build_algorithm
 from hgpo_jax.rl.algorithms.hiper import block_masks, subgoal_changed
 from hgpo_jax.rl.batching import pack_rows
@@ -182,11 +183,11 @@ def test_a_hiper_config_cannot_drop_its_critic(tmp_path):
 def test_an_agent_without_a_prompt_for_the_env_is_a_config_error(agent, monkeypatch):
     """Both agents have prompts for every registered env today; an agent that lacked the env's
     would be refused when the config loads, naming the envs it has prompts for."""
-    import hgpo_jax.config as config
+    import hgpo_jax.config_checks as config_checks
     from hgpo_jax.agents.registry import agent_spec
 
     narrow = dataclasses.replace(agent_spec(agent), envs=("alfworld", "webshop"))
-    monkeypatch.setattr(config, "_agent_spec", lambda name: narrow if name == agent else None)
+    monkeypatch.setattr(config_checks, "_agent_spec", lambda name: narrow if name == agent else None)
     base = "tiny_cpu_hiper" if agent == "plan-execute" else "tiny_cpu_toy"
     with pytest.raises(ConfigError, match=f"agent.name='{agent}': must be an agent with a prompt "
                                           r"for env.name='toy' \(this one has prompts for "
@@ -200,7 +201,8 @@ def fake_rl_run(folder, cfg, heads: int):
     import jax.numpy as jnp
 
     from hgpo_jax.checkpoint import Checkpointer
-    from hgpo_jax.config import recorded_config, save_config
+    from hgpo_jax.config import save_config
+    from hgpo_jax.runs import recorded_config
 
     folder.mkdir(parents=True)
     save_config(recorded_config(cfg), str(folder / "config.yaml"))

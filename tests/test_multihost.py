@@ -269,7 +269,8 @@ def test_cli_joins_a_detected_launch_unless_told_to_run_alone(monkeypatch):
     --single-process or explicit flags skip the detection."""
     import argparse
 
-    from hgpo_jax import cli, distributed
+    from hgpo_jax import distributed
+    from hgpo_jax.commands import common
     from hgpo_jax.config import load_config
 
     seen = []
@@ -278,8 +279,8 @@ def test_cli_joins_a_detected_launch_unless_told_to_run_alone(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     cfg = load_config("tiny_cpu_toy")
     base = dict(coordinator=None, num_processes=None, process_id=None, distributed=False)
-    cli.start_distributed(argparse.Namespace(**base, single_process=False), cfg)
-    cli.start_distributed(argparse.Namespace(**base, single_process=True), cfg)
+    common.start_distributed(argparse.Namespace(**base, single_process=False), cfg)
+    common.start_distributed(argparse.Namespace(**base, single_process=True), cfg)
     assert seen[0].auto and not seen[1].requested
 
 

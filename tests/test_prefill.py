@@ -14,7 +14,8 @@ import torch
 from flax import nnx
 from hf_models import build_hf_model
 
-from hgpo_jax.config import ConfigError, Config, load_config, save_config
+from hgpo_jax.config import Config, load_config, save_config
+from hgpo_jax.config_checks import ConfigError
 from hgpo_jax.models import DecoderConfig, CausalLM, load_pretrained
 from hgpo_jax.rl import sampling
 from hgpo_jax.rl.sampling import Sampler, generate, prefill_chunk_size

@@ -13,7 +13,9 @@ from flax import nnx
 from hgpo_jax.agents import get_agent
 from hgpo_jax.agents.verl_agent.alfworld import ALFWORLD_INTRO, TOY_INTRO
 from hgpo_jax.cli import main as cli_main
-from hgpo_jax.config import ConfigError, load_config, sft_micro_batch_size
+from hgpo_jax.config import load_config
+from hgpo_jax.config_checks import ConfigError
+from hgpo_jax.micro_batches import sft_micro_batch_size
 from hgpo_jax.envs import episodes as recorded
 from hgpo_jax.envs.alfworld import alfworld_episodes, list_games, walkthrough
 from hgpo_jax.envs.pool import EnvPool

@@ -13,7 +13,9 @@ import warnings
 
 import pytest
 
-from hgpo_jax.config import ConfigError, load_config, sft_batch_fits
+from hgpo_jax.config import load_config
+from hgpo_jax.config_checks import ConfigError
+from hgpo_jax.micro_batches import sft_batch_fits
 from hgpo_jax.trainers import checks
 from hgpo_jax.trainers.checks import (check_attention, check_output_file, check_start,
                                       check_writable_folder, splits_played)

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 from hf_models import TINY_SHAPES
 
-from hgpo_jax.config import ConfigError, load_config
+from hgpo_jax.config import load_config
+from hgpo_jax.config_checks import ConfigError
 from hgpo_jax.models import DecoderConfig, CausalLM, make_mesh
 from hgpo_jax.rl.batching import (PolicyRows, TokenRows, fit_length, fixed_micro_weights, gather_rows,
                                   length_ladder, pack_rows, take_micro, token_budget_micro_batches)

@@ -103,14 +103,14 @@ def test_webshop_train_and_eval_via_the_cli(tmp_path, capsys):
     assert np.mean([e["length"] for e in episodes]) == pytest.approx(result["mean_length"], abs=1e-9)
     assert result["score_sem"] == pytest.approx(np.std([e["score"] for e in episodes], ddof=1) / np.sqrt(3))
     # an env without a task score (the toy) reports score None
-    from hgpo_jax.cli import eval_json
+    from hgpo_jax.commands.eval import eval_json
 
     assert eval_json({"eval/valid_seen/all": 0.5, "eval/valid_seen/episodes": 4.0}, ["valid_seen"]) == {
         "valid_seen": {"score": None, "success": 0.5, "episodes": 4}}
 
 
 def test_eval_flags_are_checked_before_anything_runs():
-    from hgpo_jax.cli import check_eval_args
+    from hgpo_jax.commands.eval import check_eval_args
 
     cfg = load_config("tiny_cpu_webshop", ["eval.protocol=verl-agent"])
     with pytest.raises(ValueError, match="--episodes writes one line per game of eval.protocol=each-once"):
@@ -281,7 +281,7 @@ def test_bad_config_fails_before_anything_starts(tmp_path, capsys):
 
 
 def test_summary_rows_are_numbered_by_the_real_iteration():
-    from hgpo_jax.cli import _summary
+    from hgpo_jax.commands.train import _summary
 
     text = _summary([{"success/all": 0.5}, {"success/all": 0.75}], start=4)  # a run resumed at 4
     assert [line.split()[0] for line in text.splitlines()[1:]] == ["5", "6"]
@@ -308,7 +308,7 @@ def test_a_failed_start_closes_the_checkpointer(tmp_path, monkeypatch):
 def test_progress_bars_only_on_a_terminal(monkeypatch):
     import argparse
 
-    from hgpo_jax.cli import show_progress
+    from hgpo_jax.commands.common import show_progress
     from hgpo_jax.trainers.sft import progress_line
 
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)

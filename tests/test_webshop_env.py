@@ -311,7 +311,8 @@ def test_first_result_shopper_opens_the_first_affordable_result(env):
 def test_the_dense_score_reward_is_an_option():
     """env.reward=score (WebShop only): 10 x the purchase's task score instead of 10 x won; the
     default stays the authors'; an unknown name is refused by the config, naming the choices."""
-    from hgpo_jax.config import ConfigError, load_config
+    from hgpo_jax.config import load_config
+    from hgpo_jax.config_checks import ConfigError
     from hgpo_jax.envs.registry import get_env, reward_names, with_reward
 
     spec = get_env("webshop")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hgpo_jax.config import EVAL_PROTOCOLS
+from hgpo_jax.config_checks import EVAL_PROTOCOLS
 
 SEED_OFFSET = 1000  # the authors' validation envs are seeded env.seed + 1000 + env index
 

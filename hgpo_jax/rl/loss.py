@@ -29,7 +29,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from hgpo_jax.config import AGGS, KL_TYPES
+from hgpo_jax.algo_specs import AGGS, KL_TYPES
 
 
 def masked_mean(x, mask):

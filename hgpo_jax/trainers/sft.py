@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
-from hgpo_jax.config import sft_micro_batch_size
+from hgpo_jax.micro_batches import sft_micro_batch_size
 from hgpo_jax.rl.batching import TokenRows, pack_rows
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.update import make_logprob_fn, make_update_step, on_mesh, token_logprobs
