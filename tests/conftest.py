@@ -2,14 +2,39 @@
 
 Eight virtual CPU devices are requested before JAX starts so that sharding tests can build
 (data, fsdp, tensor) meshes; single-device code runs on device 0 as usual.
+
+Compiling dominates the suite's time (tiny models run in milliseconds, their programs take
+seconds to compile), so the test session
+- compiles with XLA:CPU's backend optimizations off (`--xla_backend_optimization_level=0`, no
+  expensive LLVM passes: the same numbers, a faster compile; `hgpo-jax plan` compiles so too);
+- shares one persistent compilation cache (JAX_COMPILATION_CACHE_DIR) among its xdist workers
+  and the processes the tests start (they inherit the environment), made by the first process
+  of the session and removed by it at the end, so a program compiled once is read back
+  elsewhere. Set HGPO_JAX_TEST_JIT_CACHE to a folder to keep the cache between sessions.
 """
 
 import os
+import shutil
+import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
+                      " --xla_backend_optimization_level=0"
+                      " --xla_llvm_disable_expensive_passes=true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_OWN_CACHE = "HGPO_JAX_TEST_JIT_CACHE" not in os.environ  # this process made the session's cache
+if _OWN_CACHE:
+    os.environ["HGPO_JAX_TEST_JIT_CACHE"] = tempfile.mkdtemp(prefix="hgpo-jax-test-jit-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["HGPO_JAX_TEST_JIT_CACHE"])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest  # noqa: E402
+
+
+def pytest_sessionfinish(session):
+    """The process that made the session's compilation cache removes it."""
+    if _OWN_CACHE and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(os.environ["HGPO_JAX_TEST_JIT_CACHE"], ignore_errors=True)
 
 from hf_models import TINY_SHAPES, build_hf_model  # noqa: E402
 
