@@ -39,7 +39,7 @@ def close(actual, expected, atol=1e-4):
 
 
 def test_worked_example_no_shaping():
-    res = example(gamma=1.0, lam_turn=1.0, lam_seg=0.95, normalize=False, **NO_SHAPING)
+    res = example(gamma=1.0, lam=1.0, lam_seg=0.95, norm_adv=False, **NO_SHAPING)
     close(res.low, [1.5, 0.5, 7, 4, 0.7, -1.5, -2.5])
     close(res.high, [8.825, 0, 7.5, 0, -0.34, -1.2, 0])
     close(res.term, [2.4, 2.3, 9.7, 9.6, 0.7, -0.6, -0.7])
@@ -48,19 +48,19 @@ def test_worked_example_no_shaping():
     np.testing.assert_array_equal(res.has_high, [1, 0, 1, 0, 1, 1, 0])
     np.testing.assert_array_equal(res.segment_end, [0, 1, 0, 1, 1, 0, 1])
     close(res.rewards, EX_REWARD, atol=0)
-    for level in ("low", "high", "term"):  # normalize=False: the raw values
+    for level in ("low", "high", "term"):  # norm_adv=False: the raw values
         np.testing.assert_array_equal(getattr(res, level), getattr(res, level + "_raw"))
 
 
 def test_worked_example_discounted():
-    res = example(gamma=0.9, lam_turn=0.8, lam_seg=0.95, normalize=False, **NO_SHAPING)
+    res = example(gamma=0.9, lam=0.8, lam_seg=0.95, norm_adv=False, **NO_SHAPING)
     close(res.low, [0.98, 0.25, 5.28, 4, 0.58, -1.05, -2.5])
     close(res.high, [6.2268, 0, 6.5, 0, -0.346, -1.2, 0])
     close(res.term, [1.925, 2.05, 8.7, 9.6, 0.58, -0.6, -0.7])
 
 
 def test_worked_example_alfworld_shaping():
-    res = example(gamma=1.0, lam_turn=1.0, lam_seg=0.95, normalize=False, **ALFWORLD)
+    res = example(gamma=1.0, lam=1.0, lam_seg=0.95, norm_adv=False, **ALFWORLD)
     close(res.rewards, [0, -0.075, -0.1, 9.625, 0, 0, -0.1])
     close(res.low, [1.425, 0.425, 6.525, 3.625, 0.7, 0.9, -0.1])
     close(res.high, [8.2987, 0, 7.025, 0, 0.705, -0.1, 0])
@@ -69,8 +69,8 @@ def test_worked_example_alfworld_shaping():
 
 
 def test_worked_example_alfworld_normalized():
-    raw = example(gamma=1.0, lam_turn=1.0, lam_seg=0.95, normalize=False, **ALFWORLD)
-    res = example(gamma=1.0, lam_turn=1.0, lam_seg=0.95, normalize=True, **ALFWORLD)
+    raw = example(gamma=1.0, lam=1.0, lam_seg=0.95, norm_adv=False, **ALFWORLD)
+    res = example(gamma=1.0, lam=1.0, lam_seg=0.95, norm_adv=True, **ALFWORLD)
     close(res.low, [-0.2312, -0.6904, 2.1105, 0.7789, -0.5641, -0.4723, -0.9314])
     close(res.high[res.has_high], [1.1610, 0.8184, -0.8814, -1.0979])
     close(res.high[~res.has_high], 0, atol=0)
@@ -95,7 +95,7 @@ def test_exported_from_rl():
 # How these numbers were obtained: the authors' `hiper_hae/core_hae.py` (JonP07/HiPER-agent at
 # 9d3c118) was run outside the repository (nothing of it is in the project) with torch on CPU and
 # a stand-in `verl.DataProto`, on the rows below in this (shuffled) order, with an HAEConfig of
-# `kwargs` (norm_adv = normalize, invalid_action_penalty_coef = invalid_penalty,
+# `kwargs` (invalid_action_penalty_coef = invalid_penalty,
 # keep_consistency_requires_both=True). Each reply had 6 tokens: switch span 0-1 (mask empty when
 # has_switch is 0), sub-goal span 2-3 (token ids = the row's sub-goal id, mask empty when
 # has_subgoal is 0; subgoal_changed = both spans present and the ids differ), action span 4-5;
@@ -107,9 +107,9 @@ def test_exported_from_rl():
 # token 0; rounded to 6 decimals.
 AUTHORS_CASES = [
     {
-        "kwargs": dict(gamma=1.0, lam_turn=1.0, lam_seg=0.95, keep_penalty=0.0,
+        "kwargs": dict(gamma=1.0, lam=1.0, lam_seg=0.95, keep_penalty=0.0,
                        keep_penalty_mode="fixed", invalid_penalty=0.0,
-                       keep_consistency_penalty=0.0, bootstrap_truncated=False, normalize=False),
+                       keep_consistency_penalty=0.0, bootstrap_truncated=False, norm_adv=False),
         # traj, turn, switch, done, reward, valid, has_subgoal, has_switch, subgoal_changed,
         # VL, VH, VT
         "rows": [
@@ -158,9 +158,9 @@ AUTHORS_CASES = [
         },
     },
     {
-        "kwargs": dict(gamma=0.9, lam_turn=0.8, lam_seg=0.7, keep_penalty=-0.3,
+        "kwargs": dict(gamma=0.9, lam=0.8, lam_seg=0.7, keep_penalty=-0.3,
                        keep_penalty_mode="fixed", invalid_penalty=0.1,
-                       keep_consistency_penalty=0.0, bootstrap_truncated=True, normalize=False),
+                       keep_consistency_penalty=0.0, bootstrap_truncated=True, norm_adv=False),
         # traj, turn, switch, done, reward, valid, has_subgoal, has_switch, subgoal_changed,
         # VL, VH, VT
         "rows": [
@@ -222,9 +222,9 @@ AUTHORS_CASES = [
         },
     },
     {
-        "kwargs": dict(gamma=1.0, lam_turn=1.0, lam_seg=0.95, keep_penalty=-0.3,
+        "kwargs": dict(gamma=1.0, lam=1.0, lam_seg=0.95, keep_penalty=-0.3,
                        keep_penalty_mode="normalized", invalid_penalty=0.1,
-                       keep_consistency_penalty=-0.3, bootstrap_truncated=True, normalize=True),
+                       keep_consistency_penalty=-0.3, bootstrap_truncated=True, norm_adv=True),
         # traj, turn, switch, done, reward, valid, has_subgoal, has_switch, subgoal_changed,
         # VL, VH, VT
         "rows": [
@@ -279,9 +279,9 @@ AUTHORS_CASES = [
         },
     },
     {
-        "kwargs": dict(gamma=0.95, lam_turn=0.9, lam_seg=0.95, keep_penalty=-3.5,
+        "kwargs": dict(gamma=0.95, lam=0.9, lam_seg=0.95, keep_penalty=-3.5,
                        keep_penalty_mode="normalized", invalid_penalty=0.1,
-                       keep_consistency_penalty=-0.3, bootstrap_truncated=False, normalize=True),
+                       keep_consistency_penalty=-0.3, bootstrap_truncated=False, norm_adv=True),
         # traj, turn, switch, done, reward, valid, has_subgoal, has_switch, subgoal_changed,
         # VL, VH, VT
         "rows": [
@@ -335,9 +335,9 @@ AUTHORS_CASES = [
         },
     },
     {
-        "kwargs": dict(gamma=0.9, lam_turn=0.95, lam_seg=0.9, keep_penalty=-0.3,
+        "kwargs": dict(gamma=0.9, lam=0.95, lam_seg=0.9, keep_penalty=-0.3,
                        keep_penalty_mode="normalized", invalid_penalty=0.1,
-                       keep_consistency_penalty=-0.3, bootstrap_truncated=True, normalize=True),
+                       keep_consistency_penalty=-0.3, bootstrap_truncated=True, norm_adv=True),
         # dones on any turn, not only the last
         # traj, turn, switch, done, reward, valid, has_subgoal, has_switch, subgoal_changed,
         # VL, VH, VT
@@ -400,8 +400,8 @@ def test_matches_the_authors_function(case):
 
 
 def reference_hae(traj, turn, reward, done, switch, vl, vh, vt, valid, changed, has_sub, has_sw, *,
-                  gamma, lam_turn, lam_seg, keep_penalty, keep_penalty_mode, invalid_penalty,
-                  keep_consistency_penalty, bootstrap_truncated, normalize):
+                  gamma, lam, lam_seg, keep_penalty, keep_penalty_mode, invalid_penalty,
+                  keep_consistency_penalty, bootstrap_truncated, norm_adv):
     n = len(traj)
     episodes = {}
     for i in range(n):
@@ -454,7 +454,7 @@ def reference_hae(traj, turn, reward, done, switch, vl, vh, vt, valid, changed, 
                 else:
                     v_next = 0.0
                 delta = r[i] + gamma * nd * v_next - vl[i]
-                a_next = delta + gamma * lam_turn * nd * a_next
+                a_next = delta + gamma * lam * nd * a_next
                 low[i], low_ret[i] = a_next, a_next + vl[i]
             # 2.4 high level
             d = e - s + 1
@@ -485,7 +485,7 @@ def reference_hae(traj, turn, reward, done, switch, vl, vh, vt, valid, changed, 
     for level, values in (("low", low), ("high", high), ("term", term)):
         x = np.array(values, np.float64)
         sel = np.array(stat_rows[level], bool)
-        if normalize and sel.any():
+        if norm_adv and sel.any():
             x = (x - x[sel].mean()) / (x[sel].std() + 1e-8)
         if level == "high":
             x = np.where(starts, x, 0.0)
@@ -511,13 +511,13 @@ def random_batch(seed: int, dones_anywhere: bool = False):
     rows = [rows[i] for i in rng.permutation(len(rows))]
     cols = [list(c) for c in zip(*rows)]
     options = dict(gamma=float(rng.choice([1.0, 0.95, 0.7])),
-                   lam_turn=float(rng.choice([1.0, 0.9, 0.5])),
+                   lam=float(rng.choice([1.0, 0.9, 0.5])),
                    lam_seg=float(rng.choice([0.95, 0.8, 1.0])),
                    keep_penalty=float(rng.choice([0.0, -0.3, -3.5])),
                    keep_penalty_mode=str(rng.choice(["normalized", "fixed"])),
                    invalid_penalty=float(rng.choice([0.0, 0.1])),
                    keep_consistency_penalty=float(rng.choice([0.0, -0.3])),
-                   bootstrap_truncated=bool(rng.rand() < 0.5), normalize=bool(rng.rand() < 0.5))
+                   bootstrap_truncated=bool(rng.rand() < 0.5), norm_adv=bool(rng.rand() < 0.5))
     return cols, options
 
 
@@ -575,7 +575,7 @@ def one_trajectory(switch, rewards=None, done_last=False, vl=None, vh=None, vt=N
     n = len(switch)
     return hae_advantages(["x"] * n, list(range(n)), rewards or [0.0] * n,
                           [0] * (n - 1) + [int(done_last)], switch,
-                          vl or [0.0] * n, vh or [0.0] * n, vt or [0.0] * n, normalize=False,
+                          vl or [0.0] * n, vh or [0.0] * n, vt or [0.0] * n, norm_adv=False,
                           **{"invalid_penalty": 0.0, **kw})
 
 
@@ -597,7 +597,7 @@ def test_turn_zero_is_a_boundary_even_when_keep():
 def test_bootstrap_truncated_reads_different_heads_per_level():
     # segments [0, 1] and [2, 3]; the last turn is not done
     kw = dict(rewards=[0.0, 0.0, 1.0, 2.0], vl=[0.1, 0.2, 0.3, 0.4], vh=[5.0, 0.0, 7.0, 9.0],
-              vt=[0.0, 0.0, 0.5, 0.25], gamma=0.9, lam_turn=1.0, lam_seg=1.0)
+              vt=[0.0, 0.0, 0.5, 0.25], gamma=0.9, lam=1.0, lam_seg=1.0)
     on = one_trajectory([True, False, True, False], bootstrap_truncated=True, **kw)
     off = one_trajectory([True, False, True, False], bootstrap_truncated=False, **kw)
     # low: the last row bootstraps from its own VL
@@ -622,12 +622,12 @@ def test_normalized_keep_penalty_per_trajectory_length():
     res = hae_advantages(["a"] * 4 + ["b"] + ["c"] * 2, [0, 1, 2, 3, 0, 0, 1],
                          [0.0] * 7, [0] * 7, [False, False, True, False, False, False, True],
                          [0.0] * 7, [0.0] * 7, [0.0] * 7, keep_penalty=-1.0, invalid_penalty=0.0,
-                         normalize=False)
+                         norm_adv=False)
     close(res.rewards, [-0.25, -0.25, 0, -0.25, 0.0, -0.5, 0], atol=1e-7)  # 1-row "b": none
     fixed = hae_advantages(["a"] * 4 + ["b"] + ["c"] * 2, [0, 1, 2, 3, 0, 0, 1],
                            [0.0] * 7, [0] * 7, [False, False, True, False, False, False, True],
                            [0.0] * 7, [0.0] * 7, [0.0] * 7, keep_penalty=-1.0, invalid_penalty=0.0,
-                           keep_penalty_mode="fixed", normalize=False)
+                           keep_penalty_mode="fixed", norm_adv=False)
     close(fixed.rewards, [-1, -1, 0, -1, -1, -1, 0], atol=0)
 
 
@@ -666,7 +666,7 @@ def test_empty_batch_and_buckets():
     sizes = []
     for k in (1, 2, 3, 4):  # every one in the smallest [E, T] bucket: compiled once
         hae_advantages(traj[:k], turn[:k], [1.0] * k, [0] * k, [True] * k, [0.0] * k,
-                       [0.0] * k, [0.0] * k, gamma=0.9 + 0.01 * k, normalize=k % 2 == 0)
+                       [0.0] * k, [0.0] * k, gamma=0.9 + 0.01 * k, norm_adv=k % 2 == 0)
         sizes.append(hae_device._cache_size())
     assert len(set(sizes)) == 1
 

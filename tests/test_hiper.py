@@ -91,10 +91,10 @@ def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
         rows.turns.traj_id[:n], rows.turns.turn[:n], rows.turns.reward[:n], rows.turns.done[:n],
         [s.new_segment for s in spans], values[np.arange(n), low_at, 0], values[:n, 0, 1],
         values[:n, 0, 2], valid=rows.turns.valid[:n], subgoal_changed=changed,
-        has_subgoal=has_subgoal, has_switch=switch.any(1), gamma=a.gamma, lam_turn=a.lam,
+        has_subgoal=has_subgoal, has_switch=switch.any(1), gamma=a.gamma, lam=a.lam,
         lam_seg=a.lam_seg, keep_penalty=a.keep_penalty, keep_penalty_mode=a.keep_penalty_mode,
         invalid_penalty=a.invalid_penalty, keep_consistency_penalty=a.keep_consistency_penalty,
-        bootstrap_truncated=a.bootstrap_truncated, normalize=a.norm_adv)
+        bootstrap_truncated=a.bootstrap_truncated, norm_adv=a.norm_adv)
     start = np.argmax(rows.tokens.response_mask > 0, axis=1)
     for i, (_, _, reply, _, _) in enumerate(REPLIES):
         window = adv.advantages[i, start[i]:start[i] + len(reply)]

@@ -19,7 +19,7 @@ a boundary. With nd_t = 1 - done_t:
 - Low level: GAE inside each segment. V_next is VL_{t+1} inside the segment; at the segment's
   end it is VH of the next segment's start, else (last segment, `bootstrap_truncated`) the
   row's own VL_t, else 0; delta_t = r_t + gamma nd_t V_next - VL_t, A_t = delta_t +
-  gamma lam_turn nd_t A_{t+1} (A after the segment's end = 0); return = A + VL.
+  gamma lam nd_t A_{t+1} (A after the segment's end = 0); return = A + VL.
 - High level: SMDP GAE over the segments k of a trajectory, stored on the start row s_k:
   R_k = sum_j gamma^j r_{s_k+j} over the segment's d_k turns, nd = nd at the segment's end,
   boot = VH of the next segment's start, else (`bootstrap_truncated`) VH of the segment's own
@@ -27,7 +27,7 @@ a boundary. With nd_t = 1 - done_t:
   A_k = delta_k + gamma^d_k lam_seg nd A_{k+1}; return = A_k + VH_{s_k}.
 - Termination level: G = boot (as for the high level) at the segment's end, then backwards
   G <- r_t + gamma G; the return is G and the advantage G - VT_t, on every row.
-- Normalization (`normalize`, the authors' `norm_adv`): each level separately,
+- Normalization (`norm_adv`): each level separately,
   (x - mean) / (population std + 1e-8) over the rows that carry that level's tokens: low =
   every row (the action mask always has tokens: the whole reply when there are no action
   tags); high = segment starts with a sub-goal span (`has_subgoal`); term = rows with a switch
@@ -80,7 +80,7 @@ MIN_TURNS = 8  # smallest T bucket
 class HAEResult:
     """HAE's per-row outputs, all [N] in the input rows' order.
 
-    low, high, term: float32 advantages (normalized per level when `normalize`; `high` is 0 off
+    low, high, term: float32 advantages (normalized per level when `norm_adv`; `high` is 0 off
       segment starts).
     low_raw, high_raw, term_raw: float32 advantages before normalization.
     low_return, high_return, term_return: float32 critic targets (raw; `high_return` is 0 off
@@ -274,13 +274,13 @@ def _scalar(x, what: str) -> float:
 
 def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_high, v_term, *,
                    valid=None, subgoal_changed=None, has_subgoal=None, has_switch=None,
-                   gamma=_HIPER["gamma"], lam_turn=_HIPER["lam"], lam_seg=_HIPER["lam_seg"],
+                   gamma=_HIPER["gamma"], lam=_HIPER["lam"], lam_seg=_HIPER["lam_seg"],
                    keep_penalty=_HIPER["keep_penalty"],
                    keep_penalty_mode=_HIPER["keep_penalty_mode"],
                    invalid_penalty=_HIPER["invalid_penalty"],
                    keep_consistency_penalty=_HIPER["keep_consistency_penalty"],
                    bootstrap_truncated=_HIPER["bootstrap_truncated"],
-                   normalize=_HIPER["norm_adv"]) -> HAEResult:
+                   norm_adv=_HIPER["norm_adv"]) -> HAEResult:
     """HiPER's HAE over [N] rows in any order (see the module docstring for what is computed).
 
     Args:
@@ -297,13 +297,13 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
         a row with no span, or whose previous turn has none (`has_subgoal`), is never penalized.
       has_subgoal, has_switch: [N] bools, the row's reply has a sub-goal / switch span (None =
         all): the high level's tokens (on segment starts) and the termination level's.
-      Keyword defaults: HiPER's option defaults (`algo_specs.hiper_option_defaults`: `lam_turn`
-      is the option `lam`, `normalize` is `norm_adv`).
-      gamma, lam_turn, lam_seg: discount and the two GAE lambdas.
+      The keywords are HiPER's options, named as its `algo` keys, with their defaults
+      (`algo_specs.hiper_option_defaults`):
+      gamma, lam, lam_seg: discount and the two GAE lambdas (lam: the turn level's).
       keep_penalty, keep_penalty_mode ("normalized" or "fixed"), invalid_penalty,
         keep_consistency_penalty: reward shaping. bootstrap_truncated: bootstrap a trajectory's
         last segment when its last turn is not done.
-      normalize: normalize each level's advantages (the authors' `norm_adv`).
+      norm_adv: normalize each level's advantages.
     Returns:
       HAEResult of [N] arrays in the rows' order.
     Raises:
@@ -313,17 +313,17 @@ def hae_advantages(traj_ids, turn_ids, rewards, dones, new_segment, v_low, v_hig
     turns = LinkedTurns.link(traj_ids, turn_ids, done=dones, reward=rewards, valid=valid)
     return hae_of_turns(turns, new_segment, v_low, v_high, v_term,
                         subgoal_changed=subgoal_changed, has_subgoal=has_subgoal,
-                        has_switch=has_switch, gamma=gamma, lam_turn=lam_turn, lam_seg=lam_seg,
+                        has_switch=has_switch, gamma=gamma, lam=lam, lam_seg=lam_seg,
                         keep_penalty=keep_penalty, keep_penalty_mode=keep_penalty_mode,
                         invalid_penalty=invalid_penalty,
                         keep_consistency_penalty=keep_consistency_penalty,
-                        bootstrap_truncated=bootstrap_truncated, normalize=normalize)
+                        bootstrap_truncated=bootstrap_truncated, norm_adv=norm_adv)
 
 
 def hae_of_turns(turns: LinkedTurns, new_segment, v_low, v_high, v_term, *, subgoal_changed=None,
-                 has_subgoal=None, has_switch=None, gamma, lam_turn, lam_seg, keep_penalty,
+                 has_subgoal=None, has_switch=None, gamma, lam, lam_seg, keep_penalty,
                  keep_penalty_mode, invalid_penalty, keep_consistency_penalty,
-                 bootstrap_truncated, normalize) -> HAEResult:
+                 bootstrap_truncated, norm_adv) -> HAEResult:
     """`hae_advantages` over the real rows of linked turns: rows 0..n-1 of `turns` give each
     turn's episode, turn, env reward, done and validity (its inert rows are left out); the other
     per-row inputs are [n] and the options as `hae_advantages`' (no defaults here). Returns an
@@ -331,7 +331,7 @@ def hae_of_turns(turns: LinkedTurns, new_segment, v_low, v_high, v_term, *, subg
     if keep_penalty_mode not in KEEP_PENALTY_MODES:
         raise ValueError(f"keep_penalty_mode must be one of {KEEP_PENALTY_MODES}, got "
                          f"{keep_penalty_mode!r}")
-    gamma, lam_turn, lam_seg = (_scalar(gamma, "gamma"), _scalar(lam_turn, "lam_turn"),
+    gamma, lam_turn, lam_seg = (_scalar(gamma, "gamma"), _scalar(lam, "lam"),
                                 _scalar(lam_seg, "lam_seg"))
     keep_penalty = _scalar(keep_penalty, "keep_penalty")
     invalid_penalty = _scalar(invalid_penalty, "invalid_penalty")
@@ -371,7 +371,7 @@ def hae_of_turns(turns: LinkedTurns, new_segment, v_low, v_high, v_term, *, subg
                      pad(v_high.astype(f32)), pad(v_term.astype(f32)),
                      pad(np.ones(n, bool), False), pad(boundary & has_subgoal, False),
                      pad(has_switch, False), f32(gamma), f32(lam_turn), f32(lam_seg),
-                     np.bool_(bootstrap_truncated), np.bool_(normalize))
+                     np.bool_(bootstrap_truncated), np.bool_(norm_adv))
     rows = {k: np.asarray(v)[episode, turn] for k, v in out.items()}
     return HAEResult(
         low=rows["low_norm"], high=rows["high_norm"], term=rows["term_norm"],

@@ -70,6 +70,12 @@ class HiperAlgorithm(CriticAlgorithm):
 
     value_masks = True
 
+    def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
+        super().__init__(cfg, spec, mesh, num_micro, tokenizer)
+        # its options, one object: every `algo` key it reads (`AlgorithmSpec.reads`), by name,
+        # as `rl.hae.hae_advantages` takes them
+        self.options = {k: getattr(cfg.algo, k) for k in spec.reads()}
+
     def spans(self, rows: StepRows) -> list[ReplySpans]:
         """Each real row's reply parsed from its tokens decoded one at a time."""
         decode = self.tokenizer.decode
@@ -77,7 +83,7 @@ class HiperAlgorithm(CriticAlgorithm):
                 for ids in rows.batch.response_ids]
 
     def advantages(self, rows: StepRows, state, rows_pass) -> Advantages:
-        a, W, n = self.cfg.algo, self.window, rows.num_rows
+        W, n = self.window, rows.num_rows
         S, L = rows.tokens.input_ids.shape
         values = rows_pass(self.critic.value_fn, state.params, width=W)          # [S, W, 3]
         spans = self.spans(rows)
@@ -92,10 +98,7 @@ class HiperAlgorithm(CriticAlgorithm):
         hae = hae_of_turns(
             turns, new_segment, values[idx, low_at, 0], values[:n, 0, 1], values[:n, 0, 2],
             subgoal_changed=changed, has_subgoal=has_subgoal, has_switch=switch.any(1),
-            gamma=a.gamma, lam_turn=a.lam, lam_seg=a.lam_seg, keep_penalty=a.keep_penalty,
-            keep_penalty_mode=a.keep_penalty_mode, invalid_penalty=a.invalid_penalty,
-            keep_consistency_penalty=a.keep_consistency_penalty,
-            bootstrap_truncated=a.bootstrap_truncated, normalize=a.norm_adv)
+            **self.options)
         high = subgoal & hae.has_high[:, None]
         window_adv = (hae.low[:, None] * action + hae.high[:, None] * high
                       + hae.term[:, None] * switch).astype(np.float32)             # [n, W]
