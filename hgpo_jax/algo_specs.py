@@ -174,19 +174,16 @@ class LossOptions(Options):
 
 
 @dataclass
-class CriticOptions(Options):
-    """The `critic` section: the value model of an algorithm with a critic (`ppo`;
-    docs/training.md): the policy's decoder with value heads, started from its weights, with its own
-    AdamW (verl-agent's PPO baseline values). `hgpo_jax.config.CriticConfig` is this class."""
+class AdamWOptions(Options):
+    """An AdamW with gradient clipping and a linear warm-up, checked once: the policy's
+    (`hgpo_jax.config.OptimConfig`, which adds its schedule) and a critic's (`CriticOptions`)."""
 
-    lr: float = 1e-5  # critic learning rate (the paper's PPO runs)
+    lr: float = 1e-6  # peak learning rate
     weight_decay: float = 0.01  # AdamW decoupled weight decay
     max_grad_norm: float = 1.0  # global gradient-norm clip
-    warmup_steps: int = 0  # linear lr warm-up, in critic optimizer steps
+    warmup_steps: int = 0  # linear warm-up, in optimizer steps
     b1: float = 0.9  # Adam beta1
     b2: float = 0.999  # Adam beta2
-    cliprange_value: float = 0.5  # value clip around the pre-update values
-    warmup_iterations: int = 0  # the actor is updated from iteration max(1, this) on (verl's trainer.critic_warmup)
 
     def _own_problems(self, p: Problems) -> None:
         p.positive("lr", self.lr)
@@ -195,6 +192,20 @@ class CriticOptions(Options):
         p.at_least("warmup_steps", self.warmup_steps, 0)
         p.check(0 <= self.b1 < 1, "b1", self.b1, "in [0, 1)")
         p.check(0 <= self.b2 < 1, "b2", self.b2, "in [0, 1)")
+
+
+@dataclass
+class CriticOptions(AdamWOptions):
+    """The `critic` section: the value model of an algorithm with a critic (`ppo`;
+    docs/training.md): the policy's decoder with value heads, started from its weights, with its own
+    AdamW (verl-agent's PPO baseline values; warm-up steps are critic optimizer steps).
+    `hgpo_jax.config.CriticConfig` is this class."""
+
+    lr: float = 1e-5  # critic learning rate (the paper's PPO runs)
+    cliprange_value: float = 0.5  # value clip around the pre-update values
+    warmup_iterations: int = 0  # the actor is updated from iteration max(1, this) on (verl's trainer.critic_warmup)
+
+    def _own_problems(self, p: Problems) -> None:
         p.positive("cliprange_value", self.cliprange_value)
         p.at_least("warmup_iterations", self.warmup_iterations, 0)
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, Options, algorithm_names,
-                                  algorithm_spec, one_score_conflict)
+from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, AdamWOptions, Options,
+                                  algorithm_names, algorithm_spec, one_score_conflict)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
 from hgpo_jax.config_checks import (EVAL_PROTOCOLS, SCHEDULES, ConfigError, allowed_values,
                                     check_algo_keys, cross_section_problems, env_rewards,
@@ -169,25 +169,14 @@ class AlgoConfig(*ALGO_OPTIONS, AlgorithmChoice):
 
 
 @dataclass
-class OptimConfig(Options):
-    """Optax AdamW with gradient clipping and a learning-rate schedule."""
+class OptimConfig(AdamWOptions):
+    """Optax AdamW with gradient clipping (`algo_specs.AdamWOptions`) and a learning-rate
+    schedule."""
 
-    lr: float = 1e-6  # peak learning rate
-    weight_decay: float = 0.01  # AdamW decoupled weight decay
-    max_grad_norm: float = 1.0  # global gradient-norm clip
-    warmup_steps: int = 0  # linear warm-up, in optimizer steps
     schedule: str = "constant"  # constant | cosine
-    b1: float = 0.9  # Adam beta1
-    b2: float = 0.999  # Adam beta2
 
     def _own_problems(self, p: Problems) -> None:
-        p.positive("lr", self.lr)
-        p.non_negative("weight_decay", self.weight_decay)
-        p.positive("max_grad_norm", self.max_grad_norm)
-        p.at_least("warmup_steps", self.warmup_steps, 0)
         p.one_of("schedule", self.schedule, SCHEDULES)
-        p.check(0 <= self.b1 < 1, "b1", self.b1, "in [0, 1)")
-        p.check(0 <= self.b2 < 1, "b2", self.b2, "in [0, 1)")
 
 
 @dataclass
