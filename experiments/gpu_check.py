@@ -161,6 +161,8 @@ def part_parity(s: dict, out: ChildOutput) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    jax.devices()  # JAX's backend (and its CUDA libraries) first, then torch's
     import torch
     from flax import nnx
 
@@ -342,13 +344,18 @@ def write_json(path: str, data) -> None:
     os.replace(tmp, path)
 
 
-def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the parent dies
+def _die_with_parent():
+    """A `preexec_fn` that has the child SIGKILLed when the parent dies (Linux's
+    PR_SET_PDEATHSIG; resolved here, so that the forked child only makes the call), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort
-        pass
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL)
 
 
 def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
@@ -383,7 +390,7 @@ def run_part(name: str, spec: dict, timeout: float) -> dict:
             [sys.executable, os.path.abspath(__file__), "--child", name, "--spec", spec_path,
              "--result", result_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, errors="replace", start_new_session=True, env=part_env(name), cwd=ROOT,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            preexec_fn=_die_with_parent())
 
         def pump():
             for line in proc.stdout:
@@ -411,6 +418,10 @@ def run_part(name: str, spec: dict, timeout: float) -> dict:
               "wall_s": round(time.monotonic() - t0, 2), "timeout_s": round(timeout, 1),
               **{k: child[k] for k in ("result", "device", "device_peak_bytes", "error")
                  if k in child}}
+    if status == "timeout":
+        record["reason"] = f"killed after its {timeout:.0f} s timeout"
+    elif status == "failed" and "error" not in record:
+        record["error"] = f"exit code {proc.returncode}"
     if status != "ok":
         record["log_tail"] = list(tail)
     if interrupted is not None:
@@ -467,8 +478,8 @@ def _section(record: dict | None) -> dict:
     """A part's record as its report section: status (and why), then its result."""
     if record is None:
         return {"status": "not requested"}
-    head = {k: record[k] for k in ("status", "reason", "error", "wall_s", "device_peak_bytes")
-            if k in record}
+    head = {k: record[k] for k in ("status", "reason", "error", "wall_s", "device_peak_bytes",
+                                   "log_tail") if k in record}
     return {**head, **(record.get("result") or {})}
 
 
@@ -516,6 +527,11 @@ def _gib(x) -> str:
     return "-" if x is None else f"{x / GIB:.2f}"
 
 
+def _cell(text) -> str:
+    """Text for a table cell: one line, no column breaks."""
+    return " ".join(str(text or "").split()).replace("|", "\\|")
+
+
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -537,7 +553,7 @@ def markdown(report: dict) -> str:
     for p in report["parts"]:
         peak = peaks.get(p["name"].split(":", 1)[-1]) if p["name"].startswith("iteration:") else None
         lines.append(f"| {p['name']} | {p['status']} | {_num(p.get('wall_s'), '.1f')} | "
-                     f"{_gib(peak)} | {p.get('reason') or p.get('error') or ''} |")
+                     f"{_gib(peak)} | {_cell(p.get('reason') or p.get('error'))} |")
 
     par = report["parity"]
     lines += ["", f"## Parity ({par['status']})", ""]
@@ -561,7 +577,7 @@ def markdown(report: dict) -> str:
         for r in plan["configs"]:
             planned = (f"{_gib(r.get('planned_peak_bytes'))} ({_gib(r.get('train_step_peak_bytes'))}"
                        f" / {_gib(r.get('sampler_peak_bytes'))})" if "error" not in r
-                       else f"error: {r['error']}")
+                       else _cell(f"error: {r['error']}"))
             lines.append(f"| `{r['config']}` | {planned} | {_gib(r['measured_peak_bytes'])} | "
                          f"{_num(r['measured_over_planned'], '.2f')} | {r['wall_s']} |")
         lines += ["", f"Overrides: `{' '.join(plan['overrides'])}`."]
@@ -665,6 +681,7 @@ def main(argv=None) -> int:
     def save():
         meta["wall_s"] = round(time.monotonic() - t0, 1)
         meta["finished"] = _now()
+        meta["host"]["load_average_end"] = list(os.getloadavg())
         write_report(out, assemble(meta, records))
 
     previous = {sig: signal.signal(sig, signal.default_int_handler)  # SIGTERM/SIGHUP as Ctrl-C
