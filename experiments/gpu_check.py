@@ -71,7 +71,6 @@ PART_SECONDS = {"parity": ((30, 180), (5, 240)), "plan": ((25, 200), (5, 200)),
 SMOKE_ROLLOUT = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                  "rollout.max_prompt_tokens=512", "train.mini_batch_size=4",
                  "train.micro_batch_size=2"]
-ONE_DEVICE = ["mesh.data=1", "mesh.fsdp=1", "mesh.tensor=1"]  # as bench_iteration's
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "tokenizers",
              "torch", "numpy", "textworld", "alfworld")
 
@@ -91,9 +90,7 @@ def settings(args) -> dict:
         else args.min_prompt_tokens,
         "iteration_overrides": [f"env.name={env}", f"env.max_steps={steps}",
                                 f"env.num_workers={workers}", *shapes, *args.overrides],
-        "plan_overrides": [*ONE_DEVICE, *(["model.path=tiny", "model.dtype=float32",
-                                           "model.compute_dtype=float32", *shapes]
-                                          if smoke else []), *args.overrides],
+        "plan_overrides": [*shapes, *args.overrides],  # after the shape's (part_plan)
         "plan_sampler": args.plan_sampler,
         "decode_shape": "local-tiny" if smoke else "1.5b",
         "decode_grid": args.decode_grid or ("2x32" if smoke else "128x2048"),
@@ -104,12 +101,17 @@ def settings(args) -> dict:
     }
 
 
-def part_env(name: str) -> dict:
+def part_env(name: str, smoke: bool) -> dict:
     """The child's environment: unbuffered output; parity shares the GPU with torch (no
     preallocation); the iterations get 95% of the GPU's memory (HiPER at 1.5B needs ~67 GiB of an
-    H100's 79: gpu-device.md) unless the caller set a fraction."""
+    H100's 79) unless the caller set a fraction. --smoke compiles with XLA's backend
+    optimizations off (as the tests do: the same numbers, about half the compile time)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    flags = env.get("XLA_FLAGS", "")
+    if smoke and "xla_backend_optimization_level" not in flags:
+        env["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0"
+                            " --xla_llvm_disable_expensive_passes=true").strip()
     if name == "parity":
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     elif name in ITERATIONS or name in ("model", "decode"):
@@ -197,7 +199,8 @@ def part_parity(s: dict, out: ChildOutput) -> dict:
                     "xla fp32": ("float32", "xla", None),
                     f"{fused16} bf16": ("bfloat16", fused16, None),
                     "einsum bf16": ("bfloat16", "einsum", None)}
-        models = {name: load_pretrained(folder, compute_dtype=dt, attention=att)
+        models = {name: load_pretrained(folder, compute_dtype=dt, attention=att,
+                                        scan_layers=True)  # as the configs run them
                   for name, (dt, att, _) in variants.items()}
 
         # log-probs of right-padded rows (each row's real tokens first)
@@ -257,19 +260,24 @@ def _agreement(tokens: list, expected: list) -> dict:
 
 
 def part_plan(s: dict, out: ChildOutput) -> dict:
-    """`plan()` of each family's config on one device (compiled on this device's backend)."""
+    """`plan()` of each family's config on one device (compiled on this device's backend), for
+    the architecture of the iterations' shape (its preset; 'tiny' for the tiny shape)."""
     from hgpo_jax.commands.plan import use_plan_xla_flags
 
     use_plan_xla_flags(1)  # before JAX starts: as `hgpo-jax plan` compiles
+    import bench_iteration as bi
     from hgpo_jax.config import load_config
     from hgpo_jax.trainers.plan import plan, plan_json
 
-    result = {"overrides": s["plan_overrides"], "sampler": s["plan_sampler"], "configs": []}
+    shape = s["shape"]
+    overrides = [*bi.ONE_DEVICE, f"model.path={bi.PRESET_SHAPES.get(shape, shape)}",
+                 *bi.SHAPE_OVERRIDES[shape], *s["plan_overrides"]]
+    result = {"overrides": overrides, "sampler": s["plan_sampler"], "configs": []}
     for family, algo, config in FAMILIES:
         rec = {"family": family, "algorithm": algo, "config": config}
         t0 = time.perf_counter()
         try:
-            p = plan(load_config(config, s["plan_overrides"]), sampler=s["plan_sampler"])
+            p = plan(load_config(config, overrides), sampler=s["plan_sampler"])
             rec.update(train_step_peak_bytes=p["peak_bytes"],
                        sampler_peak_bytes=p.get("sampler_peak_bytes"),
                        planned_peak_bytes=max(p["peak_bytes"], p.get("sampler_peak_bytes") or 0),
@@ -305,9 +313,12 @@ def part_iteration(s: dict, out: ChildOutput, algo: str) -> dict:
 def part_decode(s: dict, out: ChildOutput) -> dict:
     """probe_decode at the rollout's shape, its bound at the device's bandwidth."""
     import bench_iteration as bi
+    import jax
     import probe_decode
 
-    peaks = bi.device_peaks("bfloat16")
+    # the bandwidth: a GPU's known one (its 16-bit peaks); a CPU's measured (a float32 matmul
+    # for the FLOP/s, which the probe does not use, as a CPU's bf16 matmul is slow)
+    peaks = bi.device_peaks("bfloat16" if jax.default_backend() == "gpu" else "float32")
     argv = ["--shape", s["decode_shape"], "--param-dtype", "float32", "--new",
             str(s["decode_new"]), "--grid", s["decode_grid"], "--peak-bw", str(peaks["bw"])]
     return {"command": "python experiments/probe_decode.py " + " ".join(argv), "peaks": peaks,
@@ -316,7 +327,6 @@ def part_decode(s: dict, out: ChildOutput) -> dict:
 
 def child_main(name: str, spec_path: str, result_path: str) -> int:
     """Run one part; its result (and partial results on the way) go to `result_path`."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # finally blocks close env pools
     with open(spec_path) as f:
         spec = json.load(f)
     out = ChildOutput(result_path)
@@ -377,20 +387,28 @@ def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
     proc.wait()
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the waited-for child processes so far."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_part(name: str, spec: dict, timeout: float) -> dict:
     """Run a part in a child process of its own session; returns its record (status ok, failed,
     timeout or interrupted; its result, partial when it did not finish). KeyboardInterrupt
     propagates after the child's group is killed, with the record in its `record` attribute."""
     tail: collections.deque = collections.deque(maxlen=40)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), _children_cpu_s()
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
         spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
         write_json(spec_path, spec)
         proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--child", name, "--spec", spec_path,
              "--result", result_path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, errors="replace", start_new_session=True, env=part_env(name), cwd=ROOT,
-            preexec_fn=_die_with_parent())
+            text=True, errors="replace", start_new_session=True, cwd=ROOT,
+            env=part_env(name, spec["smoke"]), preexec_fn=_die_with_parent())
 
         def pump():
             for line in proc.stdout:
@@ -416,6 +434,7 @@ def run_part(name: str, spec: dict, timeout: float) -> dict:
                 child = json.load(f)
     record = {"name": name, "status": status, "returncode": proc.returncode,
               "wall_s": round(time.monotonic() - t0, 2), "timeout_s": round(timeout, 1),
+              "cpu_s": round(_children_cpu_s() - cpu0, 2),
               **{k: child[k] for k in ("result", "device", "device_peak_bytes", "error")
                  if k in child}}
     if status == "timeout":
@@ -513,7 +532,7 @@ def assemble(meta: dict, records: dict) -> dict:
     report = dict(meta)
     report["device"] = next((r["device"] for r in records.values() if r.get("device")), None)
     report["parts"] = [{k: r[k] for k in ("name", "status", "reason", "error", "returncode",
-                                          "wall_s", "timeout_s") if k in r}
+                                          "wall_s", "cpu_s", "timeout_s") if k in r}
                        for r in records.values()]
     iterations = iteration_records(records)
     report["parity"] = _section(records.get("parity"))
@@ -548,12 +567,14 @@ def markdown(report: dict) -> str:
              f"Python {v['python']}, jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}, "
              f"transformers {v['transformers']}, torch {v['torch']}; hgpo_jax "
              f"{v.get('hgpo_jax_commit')}.", "",
-             "| part | status | wall s | device peak GiB | note |", "|---|---|---|---|---|"]
+             "| part | status | wall s | cpu s | device peak GiB | note |",
+             "|---|---|---|---|---|---|"]
     peaks = {it["algorithm"]: it.get("device_peak_bytes") for it in report["iterations"]}
     for p in report["parts"]:
-        peak = peaks.get(p["name"].split(":", 1)[-1]) if p["name"].startswith("iteration:") else None
+        algo = p["name"].split(":", 1)[1] if p["name"].startswith("iteration:") else None
         lines.append(f"| {p['name']} | {p['status']} | {_num(p.get('wall_s'), '.1f')} | "
-                     f"{_gib(peak)} | {_cell(p.get('reason') or p.get('error'))} |")
+                     f"{_num(p.get('cpu_s'), '.1f')} | {_gib(peaks.get(algo))} | "
+                     f"{_cell(p.get('reason') or p.get('error'))} |")
 
     par = report["parity"]
     lines += ["", f"## Parity ({par['status']})", ""]
@@ -567,7 +588,8 @@ def markdown(report: dict) -> str:
         lines += ["", "| greedy: a | b | prefill | prompts agreeing | first difference |",
                   "|---|---|---|---|---|"]
         lines += [f"| {r['a']} | {r['b']} | {r['prefill']} | {r['agree']} / {r['prompts']} "
-                  f"({r['new_tokens']} tokens) | {r['first_difference']} |" for r in par["greedy"]]
+                  f"({r['new_tokens']} tokens) | {r['first_difference']} |"
+                  for r in par["greedy"]]
 
     plan = report["plan"]
     lines += ["", f"## Plan against the measured peak ({plan['status']})", ""]
@@ -575,16 +597,17 @@ def markdown(report: dict) -> str:
         lines += ["| config | planned peak GiB (train step / sampler) | measured peak GiB "
                   "| measured / planned | plan s |", "|---|---|---|---|---|"]
         for r in plan["configs"]:
-            planned = (f"{_gib(r.get('planned_peak_bytes'))} ({_gib(r.get('train_step_peak_bytes'))}"
-                       f" / {_gib(r.get('sampler_peak_bytes'))})" if "error" not in r
+            planned = (f"{_gib(r.get('planned_peak_bytes'))} "
+                       f"({_gib(r.get('train_step_peak_bytes'))} / "
+                       f"{_gib(r.get('sampler_peak_bytes'))})" if "error" not in r
                        else _cell(f"error: {r['error']}"))
             lines.append(f"| `{r['config']}` | {planned} | {_gib(r['measured_peak_bytes'])} | "
                          f"{_num(r['measured_over_planned'], '.2f')} | {r['wall_s']} |")
         lines += ["", f"Overrides: `{' '.join(plan['overrides'])}`."]
 
     lines += ["", "## Iterations", "",
-              "| family | config | status | steps | iteration s | rollout s | update s | update MFU "
-              "| decode bound/wall | env steps / rollout | device peak GiB |",
+              "| family | config | status | steps | iteration s | rollout s | update s "
+              "| update MFU | decode bound/wall | env steps / rollout | device peak GiB |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for it in report["iterations"]:
         phases = {p["name"]: p for p in it.get("phases", [])}
