@@ -63,11 +63,12 @@ FAMILIES = (("group", "hgpo_k2", "hgpo_k2_alfworld_qwen2.5_1.5b"),
             ("hierarchical", "hiper", "hiper_alfworld_qwen2.5_1.5b"))
 ITERATIONS = tuple(f"iteration:{algo}" for _, algo, _ in FAMILIES)
 PART_ORDER = ("parity", "plan", "model", *ITERATIONS, "decode")
-# seconds a part needs at least to be worth starting, and the most it may run (a hang's cap):
-# (full, smoke)
-PART_SECONDS = {"parity": ((30, 180), (5, 240)), "plan": ((25, 200), (5, 200)),
-                "model": ((20, 180), (2, 120)), "iteration": ((75, 330), (5, 240)),
-                "decode": ((30, 180), (5, 120))}
+# seconds a part needs to be worth starting (near what it takes on an H100: a part started
+# with less left would be killed at the budget, and the time lost to the parts after it), and
+# the most it may run (a hang's cap); (full, smoke)
+PART_SECONDS = {"parity": ((30, 180), (5, 240)), "plan": ((40, 200), (5, 200)),
+                "model": ((20, 180), (2, 120)), "iteration": ((100, 330), (5, 240)),
+                "decode": ((40, 180), (5, 120))}
 SMOKE_ROLLOUT = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                  "rollout.max_prompt_tokens=512", "train.mini_batch_size=4",
                  "train.micro_batch_size=2"]
