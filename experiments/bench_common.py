@@ -16,11 +16,20 @@ BENCH_SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_
                    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 
 
+def bench_hf_model(seed: int = 0, folder=None):
+    """The transformers model of BENCH_SHAPE (eval mode), its weights transformers' random init
+    from `seed`; saved to `folder` when given."""
+    torch.manual_seed(seed)
+    hf = HFModel(HFConfig(**BENCH_SHAPE)).eval()
+    if folder is not None:
+        hf.save_pretrained(folder)
+    return hf
+
+
 def paired_models(seed: int = 0, meshes=()):
     """(transformers model in eval mode, the Flax model loaded from its saved checkpoint, then
     one more Flax model per mesh in `meshes`, loaded onto that mesh)."""
-    torch.manual_seed(seed)
-    hf = HFModel(HFConfig(**BENCH_SHAPE)).eval()
+    hf = bench_hf_model(seed)
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         return (hf, load_pretrained(d), *(load_pretrained(d, mesh=m) for m in meshes))

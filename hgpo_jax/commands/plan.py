@@ -12,14 +12,19 @@ def cmd_plan(args) -> int:
     from hgpo_jax.trainers.plan import devices_needed, format_plan, plan, plan_json
 
     cfg = load_config(args.config, args.overrides)
-    need = devices_needed(cfg)
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:  # before JAX starts its backends
-        # Virtual CPU devices for the mesh; no LLVM optimization: a plan never runs the code,
-        # and buffer sizes are fixed before code generation (same numbers, faster compile).
-        flags += (f" --xla_force_host_platform_device_count={need}"
-                  " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
-        os.environ["XLA_FLAGS"] = flags.strip()
+    use_plan_xla_flags(devices_needed(cfg))
     result = plan(cfg, target=args.target, sampler=args.sampler)
     print(json.dumps(plan_json(result)) if args.json else format_plan(result))
     return 0
+
+
+def use_plan_xla_flags(devices: int) -> None:
+    """XLA_FLAGS for a plan, set before JAX starts its backends (unless they already ask for a
+    device count): `devices` virtual CPU devices for the mesh, and no LLVM optimization (a plan
+    never runs the code, and buffer sizes are fixed before code generation: same numbers, a
+    faster compile)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        flags += (f" --xla_force_host_platform_device_count={devices}"
+                  " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+        os.environ["XLA_FLAGS"] = flags.strip()
