@@ -358,6 +358,23 @@ def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
     return out
 
 
+def largest_micro_batches(budget: int, ladder: Sequence[int], rows: int,
+                          shards: int = 1) -> list[tuple[int, int]]:
+    """The token-budget micro-batch shapes that bound its memory, as (rows per device, padded
+    length): the one that holds the most tokens per device (ties: the longest) and the one of the
+    longest rows, of the shapes `token_budget_micro_batches` can form for a mini-batch of `rows`
+    rows (global) split over `shards` batch shards: at each ladder length Lb, min(budget // Lb,
+    the power of two >= rows / shards) rows per device. One shape when both are the same.
+    Raises ValueError when the longest length is over the budget."""
+    cap = bucket(-(-rows // max(shards, 1)), 1)
+    shapes = [(min(budget // length, cap), int(length)) for length in ladder]
+    if shapes[-1][0] < 1:
+        raise ValueError(f"train.max_tokens_per_micro_batch={budget} is smaller than a row padded "
+                         f"to {ladder[-1]} tokens; set it to at least {ladder[-1]}")
+    most = max(shapes, key=lambda s: (s[0] * s[1], s[1]))
+    return [most] if most == shapes[-1] else [most, shapes[-1]]
+
+
 def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Per-row loss weights under which a mini-batch split any other way has the loss of the
