@@ -30,7 +30,7 @@ from hgpo_jax.models.decoder import resolve_attention
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.algorithms import StatePlan, build_algorithm
-from hgpo_jax.rl.batching import PolicyRows, largest_micro_batches, length_ladder
+from hgpo_jax.rl.batching import PolicyRows, budget_ladder, largest_micro_batches
 from hgpo_jax.rl.update import (batch_shardings, batch_shards, opt_state_shardings,
                                param_shardings)
 from hgpo_jax.runs import build_optimizer
@@ -185,7 +185,7 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     state_resident = 0
     if state_plan is not None:  # lives beside the policy all run; its step runs before the actor's
         label = state_plan.label
-        out.update(plan_state(state_plan, mesh))
+        out.update(plan_state(state_plan, mesh, budget_shapes(cfg, mesh)))
         state_resident = out[f"{label}_params_bytes"] + out[f"{label}_opt_bytes"]
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
         out["peak_bytes"] = max(out["peak_bytes"] + state_resident,
@@ -222,36 +222,55 @@ def plan_fixed_update(cfg, algorithm, graphdef, tx, mesh, shardings, opt_shardin
 def plan_budget_update(cfg, algorithm, graphdef, tx, mesh, shardings, opt_shardings, abs_params,
                        abs_opt) -> dict:
     """The policy's update over token-budget micro-batches (`Algorithm.policy_budget_step`:
-    `train.max_tokens_per_micro_batch` tokens per device), compiled: its gradient step at the
-    micro-batch shapes that bound its memory (`rl.batching.largest_micro_batches`: the most
-    tokens per device, the longest rows) and its optimizer step. Returns the worst gradient
-    step's `_memory`, `compile_s` (all programs), `token_budget`, `budget_micro_batch` (its rows
-    per device, padded length), `budget_apply_bytes` (the optimizer step's peak) and
-    `update_peak_bytes`: the larger of the gradient step's peak (params, gradient sums and the
-    micro-batch as arguments, + temporaries) with the optimizer state beside it, and the
-    optimizer step's (params, optimizer state and gradient sums, + temporaries), per device."""
-    t, r = cfg.train, cfg.rollout
-    budget = t.max_tokens_per_micro_batch
-    step = algorithm.policy_budget_step(graphdef, tx, budget, mesh, shardings, opt_shardings)
+    `train.max_tokens_per_micro_batch` tokens per device), compiled by `plan_budget_step` at
+    `budget_shapes`: its `_memory`, `compile_s`, `token_budget`, `budget_micro_batch`,
+    `budget_apply_bytes` and `update_peak_bytes`."""
+    step = algorithm.policy_budget_step(graphdef, tx, cfg.train.max_tokens_per_micro_batch, mesh,
+                                        shardings, opt_shardings)
+    token_advantages = algorithm.spec.token_advantages
+
+    def micro(rows: int, length: int) -> PolicyRows:
+        return PolicyRows.spec(rows, length, weighted=True, token_advantages=token_advantages)
+
+    out = plan_budget_step(step, abs_params, abs_opt, micro, budget_shapes(cfg, mesh), mesh)
+    return {**out, "token_budget": cfg.train.max_tokens_per_micro_batch,
+            "update_peak_bytes": out.pop("peak_bytes")}
+
+
+def budget_shapes(cfg, mesh) -> list[tuple[int, int]]:
+    """The token-budget micro-batches (rows per device, padded length) that bound an update's
+    memory (`rl.batching.largest_micro_batches`) on `mesh`; none without a budget."""
+    t = cfg.train
+    if not t.max_tokens_per_micro_batch:
+        return []
+    return largest_micro_batches(t.max_tokens_per_micro_batch, budget_ladder(cfg.rollout, t),
+                                 t.mini_batch_size, batch_shards(mesh))
+
+
+def plan_budget_step(step, abs_params, abs_opt, micro, shapes, mesh) -> dict:
+    """A token-budget update (`rl.update.BudgetStep`) compiled on abstract weights: its gradient
+    step at each of `shapes` (rows per device, padded length; `micro(global rows, length)` the
+    abstract micro-batch) and its optimizer step. Returns the worst gradient step's `_memory`,
+    `budget_micro_batch` (its shape), `budget_apply_bytes` (the optimizer step's peak),
+    `compile_s` (all programs) and `peak_bytes`: the larger of the gradient step's peak (params,
+    gradient sums and micro-batch as arguments, + temporaries) with the optimizer state beside
+    it, and the optimizer step's (params, optimizer state and gradient sums, + temporaries), per
+    device."""
     abs_acc = jax.eval_shape(step.init, abs_params)
-    options = plan_compiler_options(mesh)
-    shards = batch_shards(mesh)
-    ladder = length_ladder(r.max_prompt_tokens + r.max_new_tokens, t.pad_multiple)
+    options, shards = plan_compiler_options(mesh), batch_shards(mesh)
     t0, worst = time.perf_counter(), None
-    for rows, length in largest_micro_batches(budget, ladder, t.mini_batch_size, shards):
-        micro = PolicyRows.spec(rows * shards, length, weighted=True,
-                                token_advantages=algorithm.spec.token_advantages)
-        mem = step.accumulate.lower(abs_params, abs_acc, _sharded(micro, mesh)).compile(
-            compiler_options=options).memory_analysis()
+    for rows, length in shapes:
+        mem = step.accumulate.lower(abs_params, abs_acc, _sharded(micro(rows * shards, length), mesh)
+                                    ).compile(compiler_options=options).memory_analysis()
         if worst is None or _step_peak_bytes(mem) > _step_peak_bytes(worst[0]):
-            worst = (mem, rows, length)
+            worst = (mem, (rows, length))
     apply = step.apply.lower(abs_params, abs_opt, abs_acc).compile(
         compiler_options=options).memory_analysis()
-    mem, rows, length = worst
-    return {**_memory(mem), "compile_s": time.perf_counter() - t0, "token_budget": budget,
-            "budget_micro_batch": (rows, length), "budget_apply_bytes": _step_peak_bytes(apply),
-            "update_peak_bytes": max(_step_peak_bytes(mem) + _bytes_per_device(abs_opt),
-                                     _step_peak_bytes(apply))}
+    mem, shape = worst
+    return {**_memory(mem), "budget_micro_batch": shape, "compile_s": time.perf_counter() - t0,
+            "budget_apply_bytes": _step_peak_bytes(apply),
+            "peak_bytes": max(_step_peak_bytes(mem) + _bytes_per_device(abs_opt),
+                              _step_peak_bytes(apply))}
 
 
 def _sharded(spec, mesh):
@@ -260,24 +279,29 @@ def _sharded(spec, mesh):
                         spec, batch_shardings(mesh, spec))
 
 
-def plan_state(sp: StatePlan, mesh) -> dict:
+def plan_state(sp: StatePlan, mesh, shapes=()) -> dict:
     """Per-device bytes of the model an algorithm trains besides the policy (`StatePlan`, from
     `Algorithm.plan_state`: the step the run compiles, here on abstract weights): its weights, its
-    optimizer state and the peak of its update step (arguments + temporaries), as
-    `{label}_params_bytes`, `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count
-    `{label}_params`, its `facts` as `{label}_{key}`, and `state_label`, `state_detail` for the
-    printed plan."""
+    optimizer state and the peak of its update step (arguments + temporaries; with token-budget
+    micro-batches, `plan_budget_step` at `shapes`), as `{label}_params_bytes`,
+    `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count `{label}_params`, its `facts`
+    as `{label}_{key}`, and `state_label`, `state_detail` for the printed plan."""
     abs_params = _abstract(sp.params, sp.shardings)
     abs_opt = _abstract(jax.eval_shape(sp.tx.init, sp.params), sp.opt_shardings)
-    mem = sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh)).compile(
-        compiler_options=plan_compiler_options(mesh)).memory_analysis()
+    if sp.budget_batch is None:
+        step_bytes = _step_peak_bytes(sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh))
+                                      .compile(compiler_options=plan_compiler_options(mesh))
+                                      .memory_analysis())
+    else:
+        step_bytes = plan_budget_step(sp.step, abs_params, abs_opt, sp.budget_batch, shapes,
+                                      mesh)["peak_bytes"]
     label = sp.label
     return {"state_label": label, "state_detail": sp.detail,
             f"{label}_params": sum(math.prod(x.shape) for x in jax.tree.leaves(sp.params)),
             **{f"{label}_{k}": v for k, v in sp.facts.items()},
             f"{label}_params_bytes": _bytes_per_device(abs_params),
             f"{label}_opt_bytes": _bytes_per_device(abs_opt),
-            f"{label}_step_bytes": _step_peak_bytes(mem)}
+            f"{label}_step_bytes": step_bytes}
 
 
 def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
