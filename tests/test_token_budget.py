@@ -113,6 +113,21 @@ def test_fixed_micro_weights_reproduce_the_mean_of_micro_batch_aggregates():
         fixed_micro_weights(tokens, 3)
 
 
+def test_every_gpu_paper_config_has_a_token_budget():
+    """Every experiments/configs/*_qwen* config (the Qwen2.5 and Qwen3 presets of every
+    algorithm, run on GPUs) forms its update's and log-prob passes' micro-batches by a token
+    budget (the values and why: docs/training.md, "Token-budget micro-batches"); the CPU configs
+    keep the authors' fixed micro-batches."""
+    from hgpo_jax.config import available_configs
+
+    names = [name for name in available_configs() if "_qwen" in name]
+    assert len(names) >= 40
+    for name in names:
+        budget = load_config(name).train.max_tokens_per_micro_batch
+        assert budget > 0, (name, budget)
+    assert load_config("tiny_cpu").train.max_tokens_per_micro_batch == 0
+
+
 def test_config_key_is_validated():
     cfg = load_config("tiny_cpu_toy", ["train.max_tokens_per_micro_batch=4096"])
     assert cfg.train.max_tokens_per_micro_batch == 4096
