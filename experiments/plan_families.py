@@ -1,9 +1,12 @@
 """Memory plans of the Qwen3 configs on one GPU and on the paper's two: `hgpo-jax plan CONFIG
 mesh.fsdp=F --json` for each config and mesh, as separate processes (each needs its own count of
-virtual CPU devices), collected into a table.
+virtual CPU devices), collected into a table ('fits 80 GB': the plan's own `fits_80gb`, both the
+update's and the sampler's peak within what an 80 GB card gives a run, `trainers.memory`).
 
     python experiments/plan_families.py                       # the 12 Qwen3 configs x fsdp 1, 2
     python experiments/plan_families.py --configs hgpo_k2_alfworld_qwen3_4b --fsdp 1 2 4 --sampler
+    python experiments/plan_families.py --configs hiper_alfworld_qwen2.5_1.5b --fsdp 1 \
+        --set train.max_tokens_per_micro_batch=49152            # any config, with overrides
 
 Writes docs/results/plan_families/{results.json,table.md} (or --out). The numbers are XLA:CPU's
 schedule of the GPU program (cuDNN flash attention compiled as a stand-in with its memory
@@ -22,12 +25,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN3 = [f"{algo}_{env}_{size}" for size in ("qwen3_1.7b", "qwen3_4b")
          for algo in ("hgpo_k2", "gigpo", "hiper") for env in ("alfworld", "webshop")]
-GPU_GIB = 80 * 10**9 / 2**30  # an 80 GB card (H100): 74.5 GiB
 
 
-def plan_one(config: str, fsdp: int, sampler: bool) -> dict:
+def plan_one(config: str, fsdp: int, sampler: bool, overrides=()) -> dict:
     """One `hgpo-jax plan` in its own process -> its JSON plus the command and wall time."""
-    cmd = [sys.executable, "-m", "hgpo_jax.cli", "plan", config, f"mesh.fsdp={fsdp}", "--json"]
+    cmd = [sys.executable, "-m", "hgpo_jax.cli", "plan", config, f"mesh.fsdp={fsdp}", *overrides,
+           "--json"]
     cmd += ["--sampler"] if sampler else []
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -42,13 +45,14 @@ def plan_one(config: str, fsdp: int, sampler: bool) -> dict:
 
 def row(r: dict) -> str:
     if "error" in r:
-        return f"| `{r['config']}` | {r['fsdp']} | error: {r['error']} | | | |"
+        return f"| `{r['config']}` | {r['fsdp']} | error: {r['error']} | | | | |"
     p, step = r["plan"], r["plan"]["train_step"]
     critic = f" (critic step {step['critic_step_gib']:.1f})" if "critic_step_gib" in step else ""
     sampler = f"{p['sampler']['peak_gib']:.1f}" if "sampler" in p else ""
-    fits = "yes" if max(step["peak_gib"], p.get("sampler", {}).get("peak_gib", 0)) <= GPU_GIB else "no"
-    return (f"| `{r['config']}` | {r['fsdp']} | {p['params'] / 1e9:.2f} B | "
-            f"{step['temp_gib']:.1f}{critic} | **{step['peak_gib']:.1f}** | {sampler} | {fits} |")
+    budget = step.get("token_budget") or "off"
+    return (f"| `{r['config']}` | {r['fsdp']} | {p['params'] / 1e9:.2f} B | {budget} | "
+            f"{step['temp_gib']:.1f}{critic} | **{step['peak_gib']:.1f}** | {sampler} | "
+            f"{'yes' if p['fits_80gb'] else 'no'} |")
 
 
 def main(argv=None) -> int:
@@ -56,18 +60,20 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="*", default=QWEN3)
     ap.add_argument("--fsdp", nargs="*", type=int, default=[1, 2])
     ap.add_argument("--sampler", action="store_true", help="also plan the sampler (--sampler)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides for every plan (e.g. train.max_tokens_per_micro_batch=32768)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "plan_families"))
     args = ap.parse_args(argv)
     results = []
     for config in args.configs:
         for fsdp in args.fsdp:
-            results.append(plan_one(config, fsdp, args.sampler))
+            results.append(plan_one(config, fsdp, args.sampler, args.set))
             print(row(results[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    lines = ["| config | fsdp (GPUs) | parameters | temporaries GiB | estimated peak / device GiB "
-             "| sampler peak GiB | fits 80 GB |", "|---|---|---|---|---|---|---|"]
+    lines = ["| config | fsdp (GPUs) | parameters | token budget | temporaries GiB | estimated peak "
+             "/ device GiB | sampler peak GiB | fits 80 GB |", "|---|---|---|---|---|---|---|---|"]
     lines += [row(r) for r in results]
     lines += ["", f"Command: `python experiments/plan_families.py {' '.join(argv or sys.argv[1:])}`"
               f" ({sum(r['wall_s'] for r in results):.0f} s on this machine's CPU)."]

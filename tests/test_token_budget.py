@@ -113,6 +113,21 @@ def test_fixed_micro_weights_reproduce_the_mean_of_micro_batch_aggregates():
         fixed_micro_weights(tokens, 3)
 
 
+def test_every_gpu_paper_config_has_a_token_budget():
+    """Every experiments/configs/*_qwen* config (the Qwen2.5 and Qwen3 presets of every
+    algorithm, run on GPUs) forms its update's and log-prob passes' micro-batches by a token
+    budget (the values and why: docs/training.md, "Token-budget micro-batches"); the CPU configs
+    keep the authors' fixed micro-batches."""
+    from hgpo_jax.config import available_configs
+
+    names = [name for name in available_configs() if "_qwen" in name]
+    assert len(names) >= 40
+    for name in names:
+        budget = load_config(name).train.max_tokens_per_micro_batch
+        assert budget > 0, (name, budget)
+    assert load_config("tiny_cpu").train.max_tokens_per_micro_batch == 0
+
+
 def test_config_key_is_validated():
     cfg = load_config("tiny_cpu_toy", ["train.max_tokens_per_micro_batch=4096"])
     assert cfg.train.max_tokens_per_micro_batch == 4096
@@ -220,6 +235,55 @@ def test_budget_update_with_adamw_on_a_sharded_mesh_equals_the_fixed_update():
     assert all(m.shape[0] % 4 == 0 for m in plan)
 
 
+@pytest.mark.parametrize("heads", [1, 3])
+def test_critic_budget_update_equals_the_fixed_update(heads):
+    """The critic's update over token-budget micro-batches (`rl.critic.make_critic_budget_step`):
+    the fixed step's gradient, metrics and new parameters, for PPO's one head and HiPER's three,
+    each head trained at its own positions (a value mask per head; one head's mask empty in a
+    whole fixed micro-batch). The value windows (W = 32 positions, responses <= 12 tokens) are cut
+    to each micro-batch's length."""
+    from hgpo_jax.models.decoder import critic_from_policy
+    from hgpo_jax.rl.batching import CriticRows
+    from hgpo_jax.rl.critic import (critic_micro_weights, make_critic_budget_step,
+                                    make_critic_step, value_counts)
+
+    a, W = ragged_batch(16, seed=4), 32
+    rng = np.random.RandomState(5)
+    tail = (heads,) if heads > 1 else ()
+    # old values far (|V - V_old| > the clip 0.5) from the critic's: no near-tie of the clipped
+    # and unclipped errors, whose order float noise would decide (vf_clipfrac)
+    values = (5 * np.sign(rng.randn(16, W, *tail)) + rng.randn(16, W, *tail)).astype(np.float32)
+    mask = None
+    if heads > 1:
+        mask = (rng.rand(16, W, heads) < 0.6).astype(np.float32)
+        mask[::4, :, 2] = 0  # head 2 has no target in fixed micro-batch 0 (rows 0, 4, 8, 12)
+    returns = values + rng.randn(*values.shape).astype(np.float32)
+    rows = CriticRows.of(dict(a, values=values, returns=returns, value_mask=mask))
+    critic = critic_from_policy(CausalLM(CFG, rngs=nnx.Rngs(0)), seed=1, num_heads=heads)
+    graphdef, params = nnx.split(critic, nnx.Param)
+    tx, num_micro, budget = optax.sgd(0.1), 4, 96
+    counts = value_counts(rows)
+    head_w, value_w = critic_micro_weights(counts[None], num_micro)
+    weighted = rows.replace(head_weight=head_w[0], value_weight=value_w[0])
+    total = counts if counts.ndim == 1 else counts.sum(-1)
+    plan = token_budget_micro_batches(np.where(total > 0, rows.attention_mask.sum(1), 0), budget,
+                                      length_ladder(rows.input_ids.shape[1], 8))
+    assert len({m.shape for m in plan}) >= 3 and min(m.length for m in plan) < W
+    micros = [take_micro(weighted, m.rows[0], m.length) for m in plan]
+
+    fixed = make_critic_step(graphdef, tx, 0.5, W, num_micro, num_heads=heads,
+                             value_masks=heads > 1)
+    step = make_critic_budget_step(graphdef, tx, 0.5, W, num_heads=heads, value_masks=heads > 1)
+    p0, _, m0 = fixed(jax.tree.map(jnp.copy, params), init_opt_state(tx, params)[0], rows)
+    p1, _, m1 = budget_update(step, jax.tree.map(jnp.copy, params), init_opt_state(tx, params)[0],
+                              micros)
+    assert sorted(m0) == sorted(m1) and (heads == 1 or "train/vf_loss/head2" in m0)
+    for k in m0:
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-4, atol=1e-6, err_msg=k)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), p1, p0)
+    assert float(m0["train/grad_norm"]) > 0
+
+
 def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
     a = ragged_batch(16, seed=2)
     graphdef, params = nnx.split(CausalLM(CFG, rngs=nnx.Rngs(0)), nnx.Param)
@@ -240,24 +304,36 @@ def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
 
 
 # --------------------------------------------------------------------------- the trainer
-@pytest.mark.parametrize("config", ["tiny_cpu_toy", "tiny_cpu_ppo"])
-def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path, config):
+@pytest.mark.parametrize("config,on", [("tiny_cpu_toy", 1024), ("tiny_cpu_ppo", 1024),
+                                       ("tiny_cpu_hiper", 2048)])  # hiper's rows: <= 1,344 tokens
+def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path, config, on):
     """One toy iteration (the same rollouts) with the key off and on: the same log-probs (and,
-    with a critic, values), loss, metrics and updated parameters."""
+    with a critic, values), loss, metrics and updated parameters (the critic's too: its update
+    goes by the budget as well, HiPER's three heads each at its own positions)."""
     out = []
-    for budget in (0, 1024):
+    for budget in (0, on):
         cfg = load_config(config, [f"train.run_dir={tmp_path}/b{budget}", "env.num_workers=1",
                                    "train.iterations=1", f"train.max_tokens_per_micro_batch={budget}",
                                    "train.diagnostics=false"])
         with Trainer(cfg, progress=False) as t:
             (m,) = t.train()
-            out.append((m, jax.tree.map(np.asarray, t.params)))
-    (m0, p0), (m1, p1) = out
+            critic = t.state.algo_state
+            out.append((m, jax.tree.map(np.asarray, t.params),
+                        None if critic is None else jax.tree.map(np.asarray, critic.params)))
+    (m0, p0, c0), (m1, p1, c1) = out
     assert m0["rollout/steps"] == m1["rollout/steps"] > 0 and m1["train/updates"] == m0["train/updates"]
     keys = ["train/loss", "train/pg_loss", "train/kl_loss", "train/entropy", "train/ppo_kl",
             "train/grad_norm", "train/rollout_vs_policy_logp_gap"]
-    if config == "tiny_cpu_ppo":
-        keys += ["critic/values_mean", "critic/vf_loss", "train/mean_advantage"]
+    if config != "tiny_cpu_toy":
+        # every critic metric but the clip fractions (nor the actor's: in the first update the
+        # values are the old values, clipped and unclipped errors tie, and which one rounds
+        # larger is float noise)
+        keys += ["train/mean_advantage"] + sorted(k for k in m0 if k.startswith("critic/")
+                                                  and "clipfrac" not in k)
+        assert "critic/vf_loss" in keys and (config != "tiny_cpu_hiper" or "critic/vf_loss/head2" in keys)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), c1, c0)
+    # HiPER's pg_loss (~6e-4) sums terms of both signs over masked tokens: 2e-7 of float noise
+    atol = 1e-6 if config == "tiny_cpu_hiper" else 1e-7
     for k in keys:
-        np.testing.assert_allclose(m1[k], m0[k], rtol=1e-4, atol=1e-7, err_msg=k)
+        np.testing.assert_allclose(m1[k], m0[k], rtol=1e-4, atol=atol, err_msg=k)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), p1, p0)

@@ -1,8 +1,8 @@
 """What several commands share: the config a command runs (`command_config`: a config name,
 YAML path or run folder, with the overrides), joining the multi-process job the command line asks
-for (`start_distributed`), the start of a run (`start_run`: train and sft), printing on process 0
-only (`printer`), progress bars only on a terminal (`show_progress`), and the config as printed at
-start-up (`format_config`)."""
+for (`start_distributed`), the start of a run (`start_run`: train and sft; train's memory plan,
+`commands.fit`, first), printing on process 0 only (`printer`), progress bars only on a terminal
+(`show_progress`), and the config as printed at start-up (`format_config`)."""
 
 from __future__ import annotations
 
@@ -66,12 +66,16 @@ def command_config(args):
 
 def start_run(args, kind: str):
     """The start of a command that trains (train: kind "rl", sft: kind "sft"): its config
-    (`command_config`), the multi-process job joined, the start checks of `kind` passed
-    (`trainers.checks.check_start`) and the config printed; returns (cfg, say), say printing on
-    process 0 only."""
+    (`command_config`); for "rl" on a GPU, the memory fraction set from its plan or the run
+    refused (`commands.fit.fit_device`, before JAX starts); the multi-process job joined, the
+    start checks of `kind` passed (`trainers.checks.check_start`) and the config printed; returns
+    (cfg, say), say printing on process 0 only."""
+    from hgpo_jax.commands.fit import fit_device
     from hgpo_jax.trainers.checks import check_start
 
     cfg = command_config(args)
+    if kind == "rl":  # the memory plan is the RL step's
+        fit_device(args, kind, say=printer(not getattr(args, "process_id", None)))
     say = printer(start_distributed(args, cfg))
     check_start(cfg, kind=kind, run_dir=cfg.run_path())
     say(format_config(cfg), flush=True)

@@ -10,6 +10,7 @@ import os
 import time
 
 from hgpo_jax.commands.common import command_config, printer, show_progress, start_distributed
+from hgpo_jax.commands.fit import fit_device
 
 
 def cmd_eval(args) -> int:
@@ -19,6 +20,7 @@ def cmd_eval(args) -> int:
     from hgpo_jax.trainers.rl import Trainer
 
     cfg = command_config(args)
+    fit_device(args, "eval", say=printer(not getattr(args, "process_id", None)))  # before JAX starts
     main = start_distributed(args, cfg)  # before latest_checkpoint, which reads checkpoints with JAX
     say = printer(main)
     check_eval_args(cfg, args.split, args.games, args.episodes)

@@ -1,5 +1,6 @@
 """`hgpo-jax plan CONFIG [key=value ...]`: the train step compiled ahead of time for the config's
-mesh, on virtual CPU devices, and its memory per device."""
+mesh, on virtual CPU devices, and its memory per device, with the memory fraction a run would
+set (`trainers.memory`) on the GPU here or, without one, on an 80 GB card."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 
 def cmd_plan(args) -> int:
     from hgpo_jax.config import load_config
+    from hgpo_jax.trainers.memory import device_memory_bytes
     from hgpo_jax.trainers.plan import devices_needed, format_plan, plan, plan_json
 
     cfg = load_config(args.config, args.overrides)
     use_plan_xla_flags(devices_needed(cfg))
+    device = device_memory_bytes()  # the GPU here (None: none; the plan reports an 80 GB card's)
     result = plan(cfg, target=args.target, sampler=args.sampler)
-    print(json.dumps(plan_json(result)) if args.json else format_plan(result))
+    print(json.dumps(plan_json(result, device)) if args.json else format_plan(result, device))
     return 0
 
 

@@ -142,18 +142,25 @@ class CriticRows(TokenRows):
     """The critic update's rows: `TokenRows` and values, returns float32 [M, W] for a critic of
     one head, [M, W, H] for H > 1 (the value model's old predictions and the returns over the
     response window, per head); value_mask, of the same shape, where each head has a target (None:
-    every value position of the window, `rl.critic.window_masks`)."""
+    every value position of the window, `rl.critic.window_masks`); head_weight float32 [M] ([M, H])
+    and value_weight [M]: a token-budget micro-batch's row weights per head and over all heads
+    (`rl.critic.critic_micro_weights`; None in a fixed mini-batch)."""
 
     values: Any = rows_field(2, heads=True)
     returns: Any = rows_field(2, heads=True)
     value_mask: Any = rows_field(2, heads=True, optional=True, inert=True)
+    head_weight: Any = rows_field(1, heads=True, optional=True, inert=True)
+    value_weight: Any = rows_field(1, optional=True, inert=True)
 
     @classmethod
     def spec(cls, rows: int = 1, length: int = 8, *, window: int | None = None,
-             num_heads: int = 1, **kwargs) -> CriticRows:
+             num_heads: int = 1, weighted: bool = False, include=(), **kwargs) -> CriticRows:
         """`TokenRows.spec` with values and returns (and value_mask, when included) [rows,
-        window] (window default: `length`), [rows, window, num_heads] when num_heads > 1."""
-        out = super().spec(rows, length, num_heads=num_heads, **kwargs)
+        window] (window default: `length`), [rows, window, num_heads] when num_heads > 1, and the
+        token-budget row weights head_weight [rows] ([rows, num_heads]) and value_weight [rows]
+        (`weighted`; `rl.critic.critic_micro_weights`)."""
+        include = tuple(include) + (("head_weight", "value_weight") if weighted else ())
+        out = super().spec(rows, length, num_heads=num_heads, include=include, **kwargs)
         if window is None:
             return out
         values = jax.ShapeDtypeStruct((rows, window) + head_axis(num_heads), out.values.dtype)
@@ -358,6 +365,31 @@ def token_budget_micro_batches(lengths, budget: int, ladder: Sequence[int], *,
     return out
 
 
+def budget_ladder(rollout, train, packed_length: int = 0) -> tuple[int, ...]:
+    """The padded lengths of a run's token-budget micro-batches (`length_ladder` in multiples of
+    `train.pad_multiple`): up to its longest possible row, rollout.max_prompt_tokens +
+    max_new_tokens (and `packed_length`, a packed batch's, should a row be longer)."""
+    return length_ladder(max(rollout.max_prompt_tokens + rollout.max_new_tokens, packed_length),
+                         train.pad_multiple)
+
+
+def largest_micro_batches(budget: int, ladder: Sequence[int], rows: int,
+                          shards: int = 1) -> list[tuple[int, int]]:
+    """The token-budget micro-batch shapes that bound its memory, as (rows per device, padded
+    length): the one that holds the most tokens per device (ties: the longest) and the one of the
+    longest rows, of the shapes `token_budget_micro_batches` can form for a mini-batch of `rows`
+    rows (global) split over `shards` batch shards: at each ladder length Lb, min(budget // Lb,
+    the power of two >= rows / shards) rows per device. One shape when both are the same.
+    Raises ValueError when the longest length is over the budget."""
+    cap = bucket(-(-rows // max(shards, 1)), 1)
+    shapes = [(min(budget // length, cap), int(length)) for length in ladder]
+    if shapes[-1][0] < 1:
+        raise ValueError(f"train.max_tokens_per_micro_batch={budget} is smaller than a row padded "
+                         f"to {ladder[-1]} tokens; set it to at least {ladder[-1]}")
+    most = max(shapes, key=lambda s: (s[0] * s[1], s[1]))
+    return [most] if most == shapes[-1] else [most, shapes[-1]]
+
+
 def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Per-row loss weights under which a mini-batch split any other way has the loss of the
@@ -396,7 +428,8 @@ def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
 
 def take_micro(batch: Rows, rows: np.ndarray, length: int) -> Rows:
     """One micro-batch from host arrays: rows `rows` [R] (-1: inert, see `gather_rows`) of every
-    array, and the first `length` columns of every 2-D [S, L] one (only for batches whose 2-D
-    arrays are token positions: `TokenRows`, `PolicyRows`)."""
+    array, and the first `length` columns of every one of 2 or more dims ([S, L] token positions;
+    a critic's [S, W] or [S, W, H] response windows, whose positions past `length` hold no
+    response token of a row of at most `length` tokens)."""
     out = _arrays(gather_rows(batch, rows))
-    return batch.replace(**{k: v[:, :length] if v.ndim == 2 else v for k, v in out.items()})
+    return batch.replace(**{k: v[:, :length] if v.ndim >= 2 else v for k, v in out.items()})

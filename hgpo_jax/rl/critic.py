@@ -38,13 +38,15 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
 from hgpo_jax.algo_specs import ALGORITHMS
-from hgpo_jax.rl.batching import CriticRows, head_axis
+from hgpo_jax.rl.batching import CriticRows, fixed_micro_weights, head_axis
 from hgpo_jax.rl.loss import masked_mean
-from hgpo_jax.rl.update import batch_sharding, make_update_step, window_predictors, window_to_rows
+from hgpo_jax.rl.update import (BudgetStep, batch_sharding, budget_update, make_budget_update,
+                               make_update_step, window_predictors, window_to_rows)
 
 # algo.estimator of the run whose critic this module serves (its declaration's family "critic")
 ESTIMATOR = next(name for name, spec in ALGORITHMS.items() if spec.family == "critic")
@@ -187,6 +189,66 @@ def critic_micro_loss(clip: float, window: int):
     return micro_loss
 
 
+def critic_budget_micro_loss(clip: float, window: int):
+    """micro_loss(critic, micro) -> (loss, metrics) for token-budget micro-batches (`CriticRows`
+    with its row weights, `critic_micro_weights`): `critic_micro_loss`'s value loss and metrics as
+    sums of per-position terms weighted by the rows' head_weight (each head's loss and metrics)
+    and value_weight (the metrics over every head's positions), so that their sum over a
+    mini-batch's micro-batches, in any grouping, is the mean over the fixed micro-batches of
+    `critic_micro_loss`. The window is cut to the micro-batch's length (no response is longer)."""
+    def micro_loss(critic, micro: CriticRows):
+        w = min(window, micro.input_ids.shape[1])
+        vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask, w)
+        mask = head_value_mask(window_masks(micro.response_mask, w)[1], vpred.shape)
+        if micro.value_mask is not None:
+            mask = mask * micro.value_mask
+        l1, l2 = clipped_square_errors(vpred, micro.values, micro.returns, clip)
+        terms = {"vf_loss": jnp.maximum(l1, l2), "vf_clipfrac": (l2 > l1).astype(jnp.float32),
+                 "vpred_mean": vpred}
+        own = mask * (micro.head_weight[:, None] if vpred.ndim == 2 else micro.head_weight[:, None, :])
+        if vpred.ndim == 2:
+            metrics = {k: jnp.sum(x * own) for k, x in terms.items()}
+        else:  # the sum over heads of each one's loss; clipfrac and vpred over every position
+            every = mask * micro.value_weight[:, None, None]
+            metrics = {k: jnp.sum(x * every) for k, x in terms.items()}
+            metrics["vf_loss"] = jnp.sum(terms["vf_loss"] * own)
+            for h in range(vpred.shape[-1]):
+                metrics.update({f"{k}/head{h}": jnp.sum(x[..., h] * own[..., h])
+                                for k, x in terms.items()})
+        return metrics["vf_loss"], jax.tree.map(jax.lax.stop_gradient, metrics)
+    return micro_loss
+
+
+def value_counts(rows: CriticRows) -> np.ndarray:
+    """Each row's value positions (host): int [M] for a critic of one head, [M, H] per head for H
+    > 1 (the window's positions t <= the response length of a row with a response, within each
+    head's value_mask where the rows carry one; `critic_micro_loss`'s mask)."""
+    values = np.asarray(rows.values)
+    length = (np.asarray(rows.response_mask) > 0).sum(1)[:, None]              # [M, 1]
+    t = np.arange(values.shape[1])[None, :]
+    mask = ((t <= length) & (length > 0)).astype(np.float64)                   # [M, W]
+    if values.ndim == 3:
+        mask = np.broadcast_to(mask[..., None], values.shape)
+    if rows.value_mask is not None:
+        mask = mask * np.asarray(rows.value_mask, np.float64)
+    return mask.sum(1).astype(np.int64)
+
+
+def critic_micro_weights(counts, num_micro: int) -> tuple[np.ndarray, np.ndarray]:
+    """(head_weight, value_weight): the row weights under which the token-budget critic loss
+    (`critic_budget_micro_loss`) is the fixed micro-batches' (`rl.batching.fixed_micro_weights`'
+    token-mean, per head and over every head). counts: [P, M] (one head) or [P, M, H], every
+    process's `value_counts` of the mini-batch. Returns head_weight of `counts`' shape and
+    value_weight [P, M], float32."""
+    counts = np.asarray(counts)
+    if counts.ndim == 2:
+        weight = fixed_micro_weights(counts, num_micro)[0]
+        return weight, weight
+    head = np.stack([fixed_micro_weights(counts[..., h], num_micro)[0]
+                     for h in range(counts.shape[-1])], axis=-1)
+    return head, fixed_micro_weights(counts.sum(-1), num_micro)[0]
+
+
 def _merge_critic(graphdef, params, num_heads: int):
     """The critic of `graphdef` and `params`, checked to have `num_heads` value heads."""
     critic = nnx.merge(graphdef, params)
@@ -234,6 +296,18 @@ def make_critic_step(graphdef, tx, clip: float, window: int, num_micro: int,
                             shardings, opt_shardings)
 
 
+def make_critic_budget_step(graphdef, tx, clip: float, window: int, mesh: Mesh | None = None,
+                            shardings=None, opt_shardings=None, num_heads: int = 1,
+                            value_masks: bool = False) -> BudgetStep:
+    """`make_critic_step`'s update over token-budget micro-batches (`CriticRows` with their row
+    weights, of any rows and length; run it with `rl.update.budget_update`): the fixed
+    micro-batches' loss, gradients and metrics."""
+    spec = CriticRows.spec(num_heads=num_heads, weighted=True,
+                           include=("value_mask",) if value_masks else ())
+    return make_budget_update(graphdef, tx, critic_budget_micro_loss(clip, window), spec, mesh,
+                              shardings, opt_shardings)
+
+
 # --------------------------------------------------------------------------- the run's critic
 def critic_optimizer(cfg):
     """The critic's AdamW (`cfg.critic`: constant lr after an optional linear warm-up)."""
@@ -271,6 +345,9 @@ class Critic:
         self.gae_fn = make_gae_fn(window, cfg.algo.gamma, cfg.algo.lam, mesh)  # one head's values
         self.step_fn = make_critic_step(graphdef, self.tx, c.cliprange_value, window, num_micro,
                                         mesh, shardings, opt_shardings, num_heads, value_masks)
+        self.budget_step = make_critic_budget_step(  # train.max_tokens_per_micro_batch (0: none)
+            graphdef, self.tx, c.cliprange_value, window, mesh, shardings, opt_shardings,
+            num_heads, value_masks) if cfg.train.max_tokens_per_micro_batch else None
 
     @classmethod
     def build(cls, cfg, policy, mesh: Mesh, num_micro: int, seed: int = 0,
@@ -292,6 +369,17 @@ class Critic:
     def update(self, state: CriticState, mb: CriticRows) -> tuple[CriticState, dict]:
         """One critic optimizer step on mini-batch `mb` -> (state, metrics
         `critic/...`)."""
-        params, opt_state, m = self.step_fn(state.params, state.opt_state, mb)
-        return CriticState(params, opt_state), {"critic/" + k.split("/", 1)[1]: v for k, v in m.items()
-                                                if k != "train/loss"}  # the loss is vf_loss
+        return _critic_result(*self.step_fn(state.params, state.opt_state, mb))
+
+    def budget_update(self, state: CriticState, micros) -> tuple[CriticState, dict]:
+        """`update` over a mini-batch's token-budget micro-batches (`CriticRows` with their row
+        weights, device-ready): the same step."""
+        return _critic_result(*budget_update(self.budget_step, state.params, state.opt_state,
+                                             micros))
+
+
+def _critic_result(params, opt_state, metrics) -> tuple[CriticState, dict]:
+    """(state, metrics `critic/...`) of an update's (params, opt_state, metrics `train/...`)."""
+    return CriticState(params, opt_state), {"critic/" + k.split("/", 1)[1]: v
+                                            for k, v in metrics.items()
+                                            if k != "train/loss"}  # the loss is vf_loss

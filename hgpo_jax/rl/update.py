@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hgpo_jax import distributed as dist
 from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
+from hgpo_jax.rl.batching import MicroBatch, take_micro, token_budget_micro_batches
 from hgpo_jax.rl.loss import entropy_from_logits
 
 LOGPROB_CHUNK = 128
@@ -356,7 +357,8 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
                        opt_shardings=None) -> BudgetStep:
     """The parts of an optimizer update over micro-batches of any shapes, for a `micro_loss`
     whose sum over the micro-batches is the mini-batch's loss (`ppo_budget_micro_loss`).
-    batch_spec: the micro-batches' fields and ranks (`<class>.spec(...)`; any rows and length).
+    batch_spec: the micro-batches' fields and ranks (`<class>.spec(...)` of one row; any rows and
+    length run).
     Without a mesh, plain jits."""
     def loss_of_params(params, micro):
         return micro_loss(nnx.merge(graphdef, params), micro)
@@ -391,14 +393,32 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
 
     def init(params):
         if not metric_keys:
-            rows = batch_shards(mesh)  # a micro-batch of one row per device, 8 tokens
-            micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + (8,) * (x.ndim - 1), x.dtype),
+            rows = batch_shards(mesh)  # a micro-batch of one row per device, of the spec's length
+            micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype),
                                  batch_spec)
             _, metric_shape = jax.eval_shape(loss_of_params, params, micro)
             metric_keys.extend(sorted(metric_shape))
         return jit_zeros(params)
 
     return BudgetStep(init, jit_acc, jit_apply)
+
+
+def budget_plan(lengths: np.ndarray, budget: int, ladder, shards: int) -> list[MicroBatch]:
+    """Token-budget micro-batches (`rl.batching.token_budget_micro_batches`) of this process's
+    rows of `lengths` [N] (0: left out), planned over every process's lengths (one allgather), so
+    that all processes run the same shapes. shards: batch shards per process."""
+    every = np.asarray(dist.allgather_json([int(x) for x in lengths]), np.int64)  # [P, N]
+    return token_budget_micro_batches(every, budget, ladder, shards=shards)
+
+
+def budget_micros(local, lengths: np.ndarray, budget: int, ladder, shards: int, mesh):
+    """The token-budget micro-batches of one mini-batch, device-ready, one at a time (for
+    `budget_update`). local: this process's rows (a typed batch with its row weights, the same
+    count on every process); lengths [M]: each row's tokens (0: a row that adds nothing, left
+    out); shards: batch shards per process."""
+    me = jax.process_index()
+    plan = budget_plan(lengths, budget, ladder, shards)
+    return (on_mesh(take_micro(local, m.rows[me], m.length), mesh) for m in plan)
 
 
 def budget_update(step: BudgetStep, params, opt_state, micros: Iterable[dict]):

@@ -30,9 +30,11 @@ from hgpo_jax.models.decoder import resolve_attention
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.algorithms import StatePlan, build_algorithm
-from hgpo_jax.rl.batching import PolicyRows
-from hgpo_jax.rl.update import batch_shardings, opt_state_shardings, param_shardings
+from hgpo_jax.rl.batching import PolicyRows, budget_ladder, largest_micro_batches
+from hgpo_jax.rl.update import (batch_shardings, batch_shards, opt_state_shardings,
+                               param_shardings)
 from hgpo_jax.runs import build_optimizer
+from hgpo_jax.trainers.memory import memory_keys, memory_line, run_peak
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.
 _QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128, rope_theta=1_000_000.0,
@@ -163,15 +165,9 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     L = r.max_prompt_tokens + r.max_new_tokens
     M = t.mini_batch_size
     algorithm = build_algorithm(cfg, mesh, M // t.micro_batch_size)  # its state is never built
-    spec = algorithm.spec  # what the algorithm needs: token advantages
-    minibatch = _sharded(PolicyRows.spec(M, L, token_advantages=spec.token_advantages), mesh)
-
-    step = algorithm.policy_step(graphdef, tx, mesh, shardings, opt_shardings)
-    t0 = time.perf_counter()
-    compiled = step.lower(abs_params, abs_opt, minibatch).compile(
-        compiler_options=plan_compiler_options(mesh))
-    compile_s = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
+    parts = (algorithm, graphdef, tx, mesh, shardings, opt_shardings, abs_params, abs_opt)
+    update = (plan_budget_update(cfg, *parts) if t.max_tokens_per_micro_batch
+              else plan_fixed_update(cfg, *parts))
     n_dev = mesh.devices.size
 
     out = {
@@ -180,21 +176,16 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
         "seq_len": L, "mini_batch": M, "micro_batch": t.micro_batch_size, "remat": t.remat,
         "scan_layers": cfg.model.scan_layers, "attention": attention_label,
         "params_bytes": _bytes_per_device(abs_params), "opt_bytes": _bytes_per_device(abs_opt),
-        "ref_params_bytes": _bytes_per_device(abs_params),
-        "argument_bytes": getattr(mem, "argument_size_in_bytes", 0),
-        "output_bytes": getattr(mem, "output_size_in_bytes", 0),
-        "temp_bytes": getattr(mem, "temp_size_in_bytes", 0),
-        "alias_bytes": getattr(mem, "alias_size_in_bytes", 0),
-        "compile_s": compile_s,
+        "ref_params_bytes": _bytes_per_device(abs_params), **update,
     }
-    # Peak of the train step (arguments + temporaries; outputs alias the donated arguments),
-    # plus the frozen reference weights that live beside it.
-    out["peak_bytes"] = _step_peak_bytes(mem) + out["ref_params_bytes"]
+    # Peak of the update (`plan_fixed_update`, `plan_budget_update`), plus the frozen reference
+    # weights that live beside it.
+    out["peak_bytes"] = out.pop("update_peak_bytes") + out["ref_params_bytes"]
     state_plan = algorithm.plan_state(model_cfg, attention)
     state_resident = 0
     if state_plan is not None:  # lives beside the policy all run; its step runs before the actor's
         label = state_plan.label
-        out.update(plan_state(state_plan, mesh))
+        out.update(plan_state(state_plan, mesh, budget_shapes(cfg, mesh)))
         state_resident = out[f"{label}_params_bytes"] + out[f"{label}_opt_bytes"]
         resident_policy = out["params_bytes"] + out["opt_bytes"] + out["ref_params_bytes"]
         out["peak_bytes"] = max(out["peak_bytes"] + state_resident,
@@ -205,30 +196,112 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     return out
 
 
+def _memory(mem) -> dict:
+    """A compiled program's memory analysis as `plan()`'s byte counts."""
+    return {f"{k}_bytes": getattr(mem, f"{k}_size_in_bytes", 0)
+            for k in ("argument", "output", "temp", "alias")}
+
+
+def plan_fixed_update(cfg, algorithm, graphdef, tx, mesh, shardings, opt_shardings, abs_params,
+                      abs_opt) -> dict:
+    """The policy's update over fixed micro-batches (`Algorithm.policy_step`: one program for a
+    mini-batch of mini_batch_size rows x the longest row, the micro-batches scanned inside),
+    compiled: its `_memory`, `compile_s` and `update_peak_bytes` (arguments, params and optimizer
+    state included, + temporaries + outputs that alias no donated argument), per device."""
+    t, r = cfg.train, cfg.rollout
+    rows = PolicyRows.spec(t.mini_batch_size, r.max_prompt_tokens + r.max_new_tokens,
+                           token_advantages=algorithm.spec.token_advantages)
+    step = algorithm.policy_step(graphdef, tx, mesh, shardings, opt_shardings)
+    t0 = time.perf_counter()
+    mem = step.lower(abs_params, abs_opt, _sharded(rows, mesh)).compile(
+        compiler_options=plan_compiler_options(mesh)).memory_analysis()
+    return {**_memory(mem), "compile_s": time.perf_counter() - t0,
+            "update_peak_bytes": _step_peak_bytes(mem)}
+
+
+def plan_budget_update(cfg, algorithm, graphdef, tx, mesh, shardings, opt_shardings, abs_params,
+                       abs_opt) -> dict:
+    """The policy's update over token-budget micro-batches (`Algorithm.policy_budget_step`:
+    `train.max_tokens_per_micro_batch` tokens per device), compiled by `plan_budget_step` at
+    `budget_shapes`: its `_memory`, `compile_s`, `token_budget`, `budget_micro_batch`,
+    `budget_apply_bytes` and `update_peak_bytes`."""
+    step = algorithm.policy_budget_step(graphdef, tx, cfg.train.max_tokens_per_micro_batch, mesh,
+                                        shardings, opt_shardings)
+    token_advantages = algorithm.spec.token_advantages
+
+    def micro(rows: int, length: int) -> PolicyRows:
+        return PolicyRows.spec(rows, length, weighted=True, token_advantages=token_advantages)
+
+    out = plan_budget_step(step, abs_params, abs_opt, micro, budget_shapes(cfg, mesh), mesh)
+    return {**out, "token_budget": cfg.train.max_tokens_per_micro_batch,
+            "update_peak_bytes": out.pop("peak_bytes")}
+
+
+def budget_shapes(cfg, mesh) -> list[tuple[int, int]]:
+    """The token-budget micro-batches (rows per device, padded length) that bound an update's
+    memory (`rl.batching.largest_micro_batches`) on `mesh`; none without a budget."""
+    t = cfg.train
+    if not t.max_tokens_per_micro_batch:
+        return []
+    return largest_micro_batches(t.max_tokens_per_micro_batch, budget_ladder(cfg.rollout, t),
+                                 t.mini_batch_size, batch_shards(mesh))
+
+
+def plan_budget_step(step, abs_params, abs_opt, micro, shapes, mesh) -> dict:
+    """A token-budget update (`rl.update.BudgetStep`) compiled on abstract weights: its gradient
+    step at each of `shapes` (rows per device, padded length; `micro(global rows, length)` the
+    abstract micro-batch) and its optimizer step. Returns the worst gradient step's `_memory`,
+    `budget_micro_batch` (its shape), `budget_apply_bytes` (the optimizer step's peak),
+    `compile_s` (all programs) and `peak_bytes`: the larger of the gradient step's peak (params,
+    gradient sums and micro-batch as arguments, + temporaries) with the optimizer state beside
+    it, and the optimizer step's (params, optimizer state and gradient sums, + temporaries), per
+    device."""
+    abs_acc = jax.eval_shape(step.init, abs_params)
+    options, shards = plan_compiler_options(mesh), batch_shards(mesh)
+    t0, worst = time.perf_counter(), None
+    for rows, length in shapes:
+        mem = step.accumulate.lower(abs_params, abs_acc, _sharded(micro(rows * shards, length), mesh)
+                                    ).compile(compiler_options=options).memory_analysis()
+        if worst is None or _step_peak_bytes(mem) > _step_peak_bytes(worst[0]):
+            worst = (mem, (rows, length))
+    apply = step.apply.lower(abs_params, abs_opt, abs_acc).compile(
+        compiler_options=options).memory_analysis()
+    mem, shape = worst
+    return {**_memory(mem), "budget_micro_batch": shape, "compile_s": time.perf_counter() - t0,
+            "budget_apply_bytes": _step_peak_bytes(apply),
+            "peak_bytes": max(_step_peak_bytes(mem) + _bytes_per_device(abs_opt),
+                              _step_peak_bytes(apply))}
+
+
 def _sharded(spec, mesh):
     """A batch spec (`rl.batching.TokenRows.spec`) with its arrays' shardings on `mesh`."""
     return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                         spec, batch_shardings(mesh, spec))
 
 
-def plan_state(sp: StatePlan, mesh) -> dict:
+def plan_state(sp: StatePlan, mesh, shapes=()) -> dict:
     """Per-device bytes of the model an algorithm trains besides the policy (`StatePlan`, from
     `Algorithm.plan_state`: the step the run compiles, here on abstract weights): its weights, its
-    optimizer state and the peak of its update step (arguments + temporaries), as
-    `{label}_params_bytes`, `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count
-    `{label}_params`, its `facts` as `{label}_{key}`, and `state_label`, `state_detail` for the
-    printed plan."""
+    optimizer state and the peak of its update step (arguments + temporaries; with token-budget
+    micro-batches, `plan_budget_step` at `shapes`), as `{label}_params_bytes`,
+    `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count `{label}_params`, its `facts`
+    as `{label}_{key}`, and `state_label`, `state_detail` for the printed plan."""
     abs_params = _abstract(sp.params, sp.shardings)
     abs_opt = _abstract(jax.eval_shape(sp.tx.init, sp.params), sp.opt_shardings)
-    mem = sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh)).compile(
-        compiler_options=plan_compiler_options(mesh)).memory_analysis()
+    if sp.budget_batch is None:
+        step_bytes = _step_peak_bytes(sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh))
+                                      .compile(compiler_options=plan_compiler_options(mesh))
+                                      .memory_analysis())
+    else:
+        step_bytes = plan_budget_step(sp.step, abs_params, abs_opt, sp.budget_batch, shapes,
+                                      mesh)["peak_bytes"]
     label = sp.label
     return {"state_label": label, "state_detail": sp.detail,
             f"{label}_params": sum(math.prod(x.shape) for x in jax.tree.leaves(sp.params)),
             **{f"{label}_{k}": v for k, v in sp.facts.items()},
             f"{label}_params_bytes": _bytes_per_device(abs_params),
             f"{label}_opt_bytes": _bytes_per_device(abs_opt),
-            f"{label}_step_bytes": _step_peak_bytes(mem)}
+            f"{label}_step_bytes": step_bytes}
 
 
 def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
@@ -275,25 +348,37 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     return out
 
 
-def format_plan(p: dict) -> str:
+def format_plan(p: dict, device_bytes: int | None = None) -> str:
+    """`plan()`'s result as the printed plan; its last line is `memory_line` (the memory fraction
+    for a device of `device_bytes`, None: an 80 GB card, and whether an 80 GB card fits it)."""
     g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
     mesh = " x ".join(f"{k}={v}" for k, v in p["mesh"].items())
+    budget = p.get("token_budget", 0)
+    if budget:
+        rows, length = p["budget_micro_batch"]
+        micro = (f"token-budget micro-batches of {budget} tokens per device (largest: {rows} rows "
+                 f"x {length} tokens per device)")
+        arguments = "params + gradient sums + micro-batch; the optimizer state waits beside"
+    else:
+        micro = f"micro-batch {p['micro_batch']} rows"
+        arguments = "params + opt state + mini-batch"
     return "\n".join([
         f"plan: {p['model']} ({p['params'] / 1e9:.2f} B parameters) on {p['devices']} "
         f"{p['platform']} device(s), mesh {mesh}",
-        f"  train step: mini-batch {p['mini_batch']} rows x {p['seq_len']} tokens, micro-batch "
-        f"{p['micro_batch']} rows, remat {p['remat']}, scanned layers {p['scan_layers']} "
-        f"(compiled in {p['compile_s']:.1f}s)",
+        f"  train step: mini-batch {p['mini_batch']} rows x {p['seq_len']} tokens, {micro}, "
+        f"remat {p['remat']}, scanned layers {p['scan_layers']} (compiled in {p['compile_s']:.1f}s)",
         f"  attention: {p['attention']}",
         "  per device:",
         f"    parameters (master)   {g(p['params_bytes'])}",
         f"    optimizer state       {g(p['opt_bytes'])}",
         f"    reference parameters  {g(p['ref_params_bytes'])}",
-        f"    step arguments        {g(p['argument_bytes'])}  (params + opt state + mini-batch)",
+        f"    step arguments        {g(p['argument_bytes'])}  ({arguments})",
         f"    step temporaries      {g(p['temp_bytes'])}  (gradients, activations, logits chunks)",
-    ] + _format_state(p) + [
+    ] + ([f"    optimizer step        {g(p['budget_apply_bytes'])}  (its arguments + "
+          "temporaries)"] if budget else []) + _format_state(p) + [
         f"    estimated peak        {g(p['peak_bytes'])}",
-    ] + (_format_sampler(p) if "sampler_peak_bytes" in p else []))
+    ] + (_format_sampler(p) if "sampler_peak_bytes" in p else [])
+        + [memory_line(run_peak(p["peak_bytes"], p.get("sampler_peak_bytes")), device_bytes)])
 
 
 def _format_state(p: dict) -> list[str]:
@@ -336,7 +421,9 @@ def _format_sampler(p: dict) -> list[str]:
 # Keys of `plan()`'s result that `plan_json` puts in its "train_step" and "sampler" sections
 # (and, with an algorithm's own model, `plan_state`'s `{label}_*_bytes`).
 _TRAIN_KEYS = ("params_bytes", "opt_bytes", "ref_params_bytes", "argument_bytes", "output_bytes",
-               "temp_bytes", "alias_bytes")
+               "temp_bytes", "alias_bytes", "budget_apply_bytes")
+_TRAIN_FACTS = ("seq_len", "mini_batch", "micro_batch", "compile_s", "token_budget",
+                "budget_micro_batch")
 _STATE_KEYS = ("params_bytes", "opt_bytes", "step_bytes")
 
 
@@ -345,20 +432,24 @@ def _train_keys(p: dict) -> tuple[str, ...]:
     return _TRAIN_KEYS + (tuple(f"{label}_{k}" for k in _STATE_KEYS) if label else ())
 
 
-def plan_json(p: dict) -> dict:
+def plan_json(p: dict, device_bytes: int | None = None) -> dict:
     """`plan()`'s result as the JSON object `hgpo-jax plan --json` prints (docs/training.md,
     "Memory plan", names every key): byte counts become GiB (`*_gib`), grouped into
-    "train_step" and "sampler" (present with --sampler) sections; the rest stays at the top."""
+    "train_step" and "sampler" (present with --sampler) sections; the rest stays at the top, with
+    `memory_keys` of the plan's peak for a device of `device_bytes` (None: an 80 GB card)."""
     gib = lambda b: round(b / GIB, 4)  # noqa: E731
     train_keys = _train_keys(p)
     top = {k: v for k, v in p.items()
            if k not in train_keys and k != "peak_bytes" and not k.startswith("sampler_")
-           and k not in ("seq_len", "mini_batch", "micro_batch", "compile_s")}
+           and k not in _TRAIN_FACTS}
     train = {"seq_len": p["seq_len"], "mini_batch": p["mini_batch"],
-             "micro_batch": p["micro_batch"], "compile_s": round(p["compile_s"], 2),
-             "peak_gib": gib(p["peak_bytes"])}
+             "micro_batch": p["micro_batch"], "token_budget": p.get("token_budget", 0),
+             "compile_s": round(p["compile_s"], 2), "peak_gib": gib(p["peak_bytes"])}
+    if "budget_micro_batch" in p:
+        train["budget_micro_batch"] = list(p["budget_micro_batch"])
     train.update({k.replace("_bytes", "_gib"): gib(p[k]) for k in train_keys if k in p})
-    out = dict(top, train_step=train)
+    out = dict(top, **memory_keys(run_peak(p["peak_bytes"], p.get("sampler_peak_bytes")),
+                                       device_bytes), train_step=train)
     if "sampler_peak_bytes" in p:
         sampler = {}
         for k, v in p.items():

@@ -38,11 +38,12 @@ from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
                                     scoring_temperature)
-from hgpo_jax.rl.batching import (MicroBatch, PolicyRows, TokenRows, fixed_micro_weights,
-                                   gather_rows, length_ladder, minibatch_indices, pack_rows,
-                                   packed_shape, take_micro, token_budget_micro_batches)
+from hgpo_jax.rl.batching import (PolicyRows, TokenRows, budget_ladder, fixed_micro_weights,
+                                   gather_rows, minibatch_indices, pack_rows, packed_shape,
+                                   take_micro)
 from hgpo_jax.rl.ppo import LossConfig
-from hgpo_jax.rl.update import batch_sharding, budget_update, make_logprob_fn, on_mesh
+from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budget_update,
+                               make_logprob_fn, on_mesh)
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -124,14 +125,6 @@ def _mean_metrics(records: list[dict]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- token-budget micro-batches
-def budget_plan(lengths: np.ndarray, budget: int, ladder, shards: int) -> list[MicroBatch]:
-    """Token-budget micro-batches (`rl.batching.token_budget_micro_batches`) of this process's
-    rows of `lengths` [N] (0: left out), planned over every process's lengths (one allgather), so
-    that all processes run the same shapes. shards: batch shards per process."""
-    every = np.asarray(dist.allgather_json([int(x) for x in lengths]), np.int64)  # [P, N]
-    return token_budget_micro_batches(every, budget, ladder, shards=shards)
-
-
 def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
                      mesh, width: int | None = None) -> np.ndarray:
     """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
@@ -167,9 +160,8 @@ def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, l
     every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
     token_w, agg_w = fixed_micro_weights(every, num_micro, agg)
     local = local.replace(token_weight=token_w[me], agg_weight=agg_w[me])
-    lengths = np.where(tokens > 0, local.attention_mask.sum(1), 0)
-    plan = budget_plan(lengths, budget, ladder, shards)
-    return (on_mesh(take_micro(local, m.rows[me], m.length), mesh) for m in plan)
+    return budget_micros(local, np.where(tokens > 0, local.attention_mask.sum(1), 0), budget,
+                         ladder, shards, mesh)
 
 
 # --------------------------------------------------------------------------- the run's state
@@ -430,11 +422,8 @@ class Trainer(Run):
 
     # ------------------------------------------------------------------ token-budget micro-batches
     def _ladder(self, packed_length: int) -> tuple[int, ...]:
-        """The padded lengths of token-budget micro-batches (`rl.batching.length_ladder`): up to
-        the longest possible row (and the packed length, should a row be longer)."""
-        r = self.cfg.rollout
-        return length_ladder(max(r.max_prompt_tokens + r.max_new_tokens, packed_length),
-                             self.cfg.train.pad_multiple)
+        """The padded lengths of token-budget micro-batches (`rl.batching.budget_ladder`)."""
+        return budget_ladder(self.cfg.rollout, self.cfg.train, packed_length)
 
     def _per_budget_micro_batch(self, fn, params, arrays, width: int | None = None) -> np.ndarray:
         tokens = TokenRows.of(arrays)

@@ -101,7 +101,9 @@ class StatePlan:
     its optimizer `tx` with `opt_shardings`, and `batch` the abstract mini-batch
     (`rl.batching.CriticRows.spec`, unsharded). label: the plan's name for it ("critic"); detail:
     what the printed plan says of it ("3 value heads, no LM head"); facts: more of it for the
-    plan's JSON, as `{label}_{key}` (e.g. {"heads": 3})."""
+    plan's JSON, as `{label}_{key}` (e.g. {"heads": 3}). With token-budget micro-batches
+    (`train.max_tokens_per_micro_batch`) `step` is the `rl.update.BudgetStep` the run compiles
+    and budget_batch(rows, length) the abstract micro-batch of that many (global) rows."""
 
     label: str
     detail: str
@@ -112,6 +114,7 @@ class StatePlan:
     step: Callable
     batch: Any
     facts: dict = dataclasses.field(default_factory=dict)
+    budget_batch: Callable[[int, int], Any] | None = None
 
 
 def scoring_temperature(rollout) -> float:

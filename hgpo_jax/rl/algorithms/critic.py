@@ -15,10 +15,11 @@ import numpy as np
 
 from hgpo_jax import distributed as dist
 from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StatePlan, StepRows
-from hgpo_jax.rl.batching import CriticRows, gather_rows
-from hgpo_jax.rl.critic import Critic, CriticState, critic_optimizer, window_masks
-from hgpo_jax.rl.update import (batch_sharding, init_opt_state, on_mesh, opt_state_shardings,
-                                param_shardings)
+from hgpo_jax.rl.batching import CriticRows, budget_ladder, gather_rows
+from hgpo_jax.rl.critic import (Critic, CriticState, critic_micro_weights, critic_optimizer,
+                                value_counts, window_masks)
+from hgpo_jax.rl.update import (batch_sharding, batch_shards, budget_micros, init_opt_state,
+                                on_mesh, opt_state_shardings, param_shardings)
 
 NO_VARIANCE = 1e-12  # Var(target) at most this (times 1 + mean^2): constant targets, up to rounding
 
@@ -133,12 +134,19 @@ class CriticAlgorithm(Algorithm):
         opt_shardings = opt_state_shardings(tx, params, self.mesh)
         critic = Critic(cfg, graphdef, shardings, opt_shardings, self.mesh, self.num_micro, heads,
                         self.value_masks)
+        include = ("value_mask",) if self.value_masks else ()
         batch = CriticRows.spec(t.mini_batch_size, r.max_prompt_tokens + r.max_new_tokens,
-                                window=self.window, num_heads=heads,
-                                include=("value_mask",) if self.value_masks else ())
+                                window=self.window, num_heads=heads, include=include)
+
+        def budget_batch(rows: int, length: int) -> CriticRows:  # a token-budget micro-batch
+            return CriticRows.spec(rows, length, window=min(self.window, length), num_heads=heads,
+                                   include=include, weighted=True)
+
+        budget = critic.budget_step is not None
         return StatePlan(label=self.state_item, detail=f"{heads_text(heads)}, no LM head",
                          params=params, shardings=shardings, tx=tx, opt_shardings=opt_shardings,
-                         step=critic.step_fn, batch=batch, facts={"heads": heads})
+                         step=critic.budget_step if budget else critic.step_fn, batch=batch,
+                         facts={"heads": heads}, budget_batch=budget_batch if budget else None)
 
     def rewards(self, rows: StepRows) -> np.ndarray:
         """float32 [S]: each row's episode reward minus its own step's penalty (0 for inert rows)."""
@@ -184,6 +192,27 @@ class CriticAlgorithm(Algorithm):
     def update_state(self, state, rows: StepRows, adv: Advantages, order, mesh):
         critic_rows, records = rows.critic_rows(adv), []
         for idx in order:
-            state, m = self.critic.update(state, on_mesh(gather_rows(critic_rows, idx), mesh))
+            local = gather_rows(critic_rows, idx)
+            if self.critic.budget_step is None:
+                state, m = self.critic.update(state, on_mesh(local, mesh))
+            else:  # train.max_tokens_per_micro_batch
+                state, m = self.critic.budget_update(state, self.budget_micros(
+                    local, critic_rows.input_ids.shape[1], mesh))
             records.append(jax.device_get(m))
         return state, records
+
+    def budget_micros(self, local: CriticRows, packed_length: int, mesh):
+        """The token-budget micro-batches of one critic mini-batch (this process's rows `local`),
+        device-ready, one at a time, each row weighted as the fixed micro-batches weigh it
+        (`rl.critic.critic_micro_weights`; one gather of every process's counts). Rows without a
+        value position are left out."""
+        t, me = self.cfg.train, jax.process_index()
+        counts = value_counts(local)
+        every = np.asarray(dist.allgather_json(counts.tolist()), np.int64)    # [P, M(, H)]
+        head_w, value_w = critic_micro_weights(every, self.num_micro)
+        local = local.replace(head_weight=head_w[me], value_weight=value_w[me])
+        total = counts if counts.ndim == 1 else counts.sum(-1)
+        return budget_micros(local, np.where(total > 0, local.attention_mask.sum(1), 0),
+                             t.max_tokens_per_micro_batch,
+                             budget_ladder(self.cfg.rollout, t, packed_length),
+                             batch_shards(mesh) // jax.process_count(), mesh)
