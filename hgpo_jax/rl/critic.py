@@ -147,6 +147,14 @@ def head_value_mask(value_mask, shape: tuple[int, ...]):
                      f"{tuple(shape)}: give [S, W], or [S, W, H] (one mask per head)")
 
 
+def value_positions(response_mask, value_mask, shape: tuple[int, ...]):
+    """float32 of `shape` ([S, W] or [S, W, H]): where a critic's values are trained, the window's
+    value positions (`window_masks`, W = shape[1]) of every head, within each head's own
+    `value_mask` where the rows carry one (None: all of them). response_mask [S, L]."""
+    mask = head_value_mask(window_masks(response_mask, shape[1])[1], shape)
+    return mask if value_mask is None else mask * value_mask
+
+
 def critic_value_loss(vpred, old_values, returns, value_mask, clip: float):
     """(loss, metrics): the critic's value loss over its heads.
 
@@ -181,9 +189,7 @@ def critic_micro_loss(clip: float, window: int):
     def micro_loss(critic, micro: CriticRows):
         vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask,
                              window)
-        value_mask = window_masks(micro.response_mask, window)[1]                # [S, W]
-        if micro.value_mask is not None:
-            value_mask = head_value_mask(value_mask, vpred.shape) * micro.value_mask
+        value_mask = value_positions(micro.response_mask, micro.value_mask, vpred.shape)
         loss, metrics = critic_value_loss(vpred, micro.values, micro.returns, value_mask, clip)
         return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
     return micro_loss
@@ -199,9 +205,7 @@ def critic_budget_micro_loss(clip: float, window: int):
     def micro_loss(critic, micro: CriticRows):
         w = min(window, micro.input_ids.shape[1])
         vpred = token_values(critic, micro.input_ids, micro.attention_mask, micro.response_mask, w)
-        mask = head_value_mask(window_masks(micro.response_mask, w)[1], vpred.shape)
-        if micro.value_mask is not None:
-            mask = mask * micro.value_mask
+        mask = value_positions(micro.response_mask, micro.value_mask, vpred.shape)
         l1, l2 = clipped_square_errors(vpred, micro.values, micro.returns, clip)
         terms = {"vf_loss": jnp.maximum(l1, l2), "vf_clipfrac": (l2 > l1).astype(jnp.float32),
                  "vpred_mean": vpred}
@@ -221,17 +225,9 @@ def critic_budget_micro_loss(clip: float, window: int):
 
 def value_counts(rows: CriticRows) -> np.ndarray:
     """Each row's value positions (host): int [M] for a critic of one head, [M, H] per head for H
-    > 1 (the window's positions t <= the response length of a row with a response, within each
-    head's value_mask where the rows carry one; `critic_micro_loss`'s mask)."""
-    values = np.asarray(rows.values)
-    length = (np.asarray(rows.response_mask) > 0).sum(1)[:, None]              # [M, 1]
-    t = np.arange(values.shape[1])[None, :]
-    mask = ((t <= length) & (length > 0)).astype(np.float64)                   # [M, W]
-    if values.ndim == 3:
-        mask = np.broadcast_to(mask[..., None], values.shape)
-    if rows.value_mask is not None:
-        mask = mask * np.asarray(rows.value_mask, np.float64)
-    return mask.sum(1).astype(np.int64)
+    > 1, counted on `value_positions`, the mask of the critic's losses."""
+    mask = value_positions(rows.response_mask, rows.value_mask, np.shape(rows.values))
+    return np.asarray(mask).sum(1).astype(np.int64)
 
 
 def critic_micro_weights(counts, num_micro: int) -> tuple[np.ndarray, np.ndarray]:
