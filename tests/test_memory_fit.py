@@ -43,7 +43,8 @@ def test_fits_leaves_the_headroom_within_the_share_the_run_may_take():
 def test_the_refusal_names_the_peak_the_device_and_the_knobs():
     line = refusal(int(90 * GIB), CARD_80GB_BYTES, what="hgpo_k2_alfworld_qwen2.5_7b")
     assert "\n" not in line
-    for needle in ("hgpo_k2_alfworld_qwen2.5_7b does not fit the device", "peaks at 90.0 GiB",
+    for needle in ("hgpo_k2_alfworld_qwen2.5_7b does not fit the device",
+                   "peaks at 90.0 GiB per device in its update",
                    "the device has 79.2 GiB", "at most 0.95 (75.2 GiB)", "train.micro_batch_size",
                    "train.max_tokens_per_micro_batch", "mesh.fsdp", "train.remat=true",
                    f"{DEVICE_MEMORY_VAR}=0"):
@@ -51,8 +52,12 @@ def test_the_refusal_names_the_peak_the_device_and_the_knobs():
 
 
 def test_the_run_peak_is_the_update_or_the_sampler():
-    assert run_peak(60, 50) == 60 and run_peak(40, 50) == 50 and run_peak(40) == 40
-    assert run_peak(60, 50, kind="eval") == 50 and run_peak(60, None, kind="eval") == 60
+    assert run_peak(60, 50) == (60, "update") and run_peak(40, 50) == (50, "sampler")
+    assert run_peak(40) == (40, "update") and run_peak(60, None, kind="eval") == (60, "update")
+    assert run_peak(60, 50, kind="eval") == (50, "sampler")  # eval never updates
+    line = refusal(int(85 * GIB), CARD_80GB_BYTES, program="sampler")
+    assert "in the rollout's sampler" in line and "rollout.num_groups" in line
+    assert "train.remat" not in line and "mesh.fsdp" in line
 
 
 # --------------------------------------------------------------------------- the device

@@ -37,15 +37,15 @@ def fit_device(args, kind: str, say=print) -> None:
     t0 = time.perf_counter()
     plan = child_plan(args.config, args.overrides)
     sampler = plan.get("sampler", {}).get("peak_gib")
-    peak = run_peak(int(plan["train_step"]["peak_gib"] * GIB),
-                    None if sampler is None else int(sampler * GIB), kind)
+    peak, program = run_peak(int(plan["train_step"]["peak_gib"] * GIB),
+                             None if sampler is None else int(sampler * GIB), kind)
     user = os.environ.get(FRACTION_VAR)
     fraction = user_fraction(user) if user else MAX_FRACTION
     source = f" ({DEVICE_MEMORY_VAR})" if os.environ.get(DEVICE_MEMORY_VAR, "").strip() else ""
     if not fits(peak, device, fraction):
-        raise ValueError(refusal(peak, device, fraction, what=f"{args.config}",
+        raise ValueError(refusal(peak, device, fraction, what=args.config,
                                  device=f"the device{source}",
-                                 share=f"{FRACTION_VAR}={user}" if user else ""))
+                                 share=f"{FRACTION_VAR}={user}" if user else "", program=program))
     if not user:
         os.environ[FRACTION_VAR] = str(memory_fraction(peak, device))
     say(f"memory plan: peak {peak / GIB:.2f} GiB per device of {device / GIB:.4g} GiB{source} -> "

@@ -28,6 +28,11 @@ Heads: a critic may have H value heads (`models.CriticModel(num_heads=H)`). With
 values and returns are [S, W] as above; with H > 1 they carry a trailing head axis, [S, W, H], and
 the critic's loss (`critic_value_loss`) is the sum over heads of each head's clipped value loss,
 each over its own value mask. GAE and whitening (`gae_advantages`) read one head's [S, W] values.
+
+Token budgets (`train.max_tokens_per_micro_batch`): the critic's update runs over the same kind
+of token-budget micro-batches as the policy's (`make_critic_budget_step`), each row weighted per
+head as its fixed micro-batch's token-mean weighs it (`critic_micro_weights`), so the loss,
+gradient and metrics are the fixed micro-batches'.
 """
 
 from __future__ import annotations
@@ -209,7 +214,8 @@ def critic_budget_micro_loss(clip: float, window: int):
         l1, l2 = clipped_square_errors(vpred, micro.values, micro.returns, clip)
         terms = {"vf_loss": jnp.maximum(l1, l2), "vf_clipfrac": (l2 > l1).astype(jnp.float32),
                  "vpred_mean": vpred}
-        own = mask * (micro.head_weight[:, None] if vpred.ndim == 2 else micro.head_weight[:, None, :])
+        own = mask * (micro.head_weight[:, None] if vpred.ndim == 2
+                      else micro.head_weight[:, None, :])                 # each head's weights
         if vpred.ndim == 2:
             metrics = {k: jnp.sum(x * own) for k, x in terms.items()}
         else:  # the sum over heads of each one's loss; clipfrac and vpred over every position

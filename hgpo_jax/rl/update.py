@@ -11,6 +11,7 @@ here is a plain `jax.jit` with explicit shardings (the pjit style):
     step_fn = make_update_step(graphdef, tx, micro_loss, num_micro, PolicyRows.spec(), mesh, ...)
     params, opt_state, metrics = step_fn(params, opt_state, minibatch)   # one optimizer update
     step = make_budget_update(graphdef, tx, micro_loss, PolicyRows.spec(weighted=True), mesh, ...)
+    micros = budget_micros(rows, lengths, budget, ladder, shards, mesh)  # weighted rows, on device
     params, opt_state, metrics = budget_update(step, params, opt_state, micros)
 
 Batches are the typed rows of `rl.batching` (`TokenRows`, `PolicyRows`, `CriticRows`): a step is

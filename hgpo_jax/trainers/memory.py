@@ -31,10 +31,14 @@ MAX_FRACTION = 0.95
 HEADROOM_BYTES = 1 * GIB
 FRACTION_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # JAX's share of each device, read at its start
 DEVICE_MEMORY_VAR = "HGPO_JAX_DEVICE_MEMORY_GIB"  # the device's memory, simulated (0: no plan)
-KNOBS = ("train.micro_batch_size (fewer rows per micro-batch)",
-         "train.max_tokens_per_micro_batch (a smaller token budget)",
-         "mesh.fsdp (more devices share the weights and optimizer state)",
-         "train.remat=true (recompute activations)")
+FSDP_KNOB = "mesh.fsdp (more devices share the weights and optimizer state)"
+KNOBS = {  # what lowers the peak of each planned program
+    "update": ("train.micro_batch_size (fewer rows per micro-batch)",
+               "train.max_tokens_per_micro_batch (a smaller token budget)", FSDP_KNOB,
+               "train.remat=true (recompute activations)"),
+    "sampler": ("rollout.num_groups or rollout.group_size (fewer rows per rollout batch)",
+                "rollout.max_prompt_tokens (shorter prompts)", FSDP_KNOB),
+}
 
 
 def memory_fraction(peak_bytes: int, device_bytes: int) -> float:
@@ -56,26 +60,31 @@ def fits(peak_bytes: int, device_bytes: int, fraction: float = MAX_FRACTION) -> 
 
 
 def refusal(peak_bytes: int, device_bytes: int, fraction: float = MAX_FRACTION,
-            what: str = "the run", device: str = "the device", share: str = "") -> str:
+            what: str = "the run", device: str = "the device", share: str = "",
+            program: str = "update") -> str:
     """The one-line refusal of a run whose planned peak does not `fits` `fraction` of the
-    device: the peak, the device's memory (`device`: how it was found) and the share the run may
-    take (`share`: how it was set, default "at most 0.95"), and the knobs that lower the peak."""
+    device: the peak and the program that reaches it (`program`: "update" or "sampler"), the
+    device's memory (`device`: how it was found) and the share the run may take (`share`: how it
+    was set, default "at most 0.95"), and the knobs that lower that program's peak (`KNOBS`)."""
     share = share or f"at most {fraction:.2f}"
+    where = "its update" if program == "update" else "the rollout's sampler"
     return (f"{what} does not fit {device}: its memory plan peaks at {peak_bytes / GIB:.1f} GiB "
-            f"per device (+{HEADROOM_BYTES / GIB:.0f} GiB headroom), and the device has "
-            f"{device_bytes / GIB:.1f} GiB, of which the run may take {share} "
-            f"({fraction * device_bytes / GIB:.1f} GiB); lower the peak with {', '.join(KNOBS)} "
-            f"(`hgpo-jax plan CONFIG ... --sampler` shows it), or set {DEVICE_MEMORY_VAR}=0 to "
-            "run without the plan")
+            f"per device in {where} (+{HEADROOM_BYTES / GIB:.0f} GiB headroom), and the device "
+            f"has {device_bytes / GIB:.1f} GiB, of which the run may take {share} "
+            f"({fraction * device_bytes / GIB:.1f} GiB); lower the peak with "
+            f"{', '.join(KNOBS[program])} (`hgpo-jax plan CONFIG ... --sampler` shows it), or set "
+            f"{DEVICE_MEMORY_VAR}=0 to run without the plan")
 
 
-def run_peak(update_bytes: int, sampler_bytes: int | None = None, kind: str = "rl") -> int:
-    """The planned peak per device of a command of `kind` (bytes): train ("rl"): the larger of
-    its update's and its sampler's (`trainers.plan`; None: the sampler was not planned); eval:
-    the sampler's (it never updates; the update's where the sampler was not planned)."""
-    if kind == "eval" and sampler_bytes is not None:
-        return sampler_bytes
-    return max(update_bytes, sampler_bytes or 0)
+def run_peak(update_bytes: int, sampler_bytes: int | None = None, kind: str = "rl"
+             ) -> tuple[int, str]:
+    """The planned peak per device of a command of `kind` (bytes) and the program that reaches
+    it ("update" or "sampler"): train ("rl"): the larger of its update's and its sampler's
+    (`trainers.plan`; None: the sampler was not planned); eval: the sampler's (it never updates;
+    the update's where the sampler was not planned)."""
+    if sampler_bytes is not None and (kind == "eval" or sampler_bytes > update_bytes):
+        return sampler_bytes, "sampler"
+    return update_bytes, "update"
 
 
 def memory_keys(peak_bytes: int, device_bytes: int | None = None) -> dict:

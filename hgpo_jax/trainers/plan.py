@@ -348,6 +348,12 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     return out
 
 
+def plan_peak(p: dict) -> int:
+    """The peak per device of `plan()`'s result a train run reaches (bytes): its update's, or
+    its sampler's where that was planned and is larger (`trainers.memory.run_peak`)."""
+    return run_peak(p["peak_bytes"], p.get("sampler_peak_bytes"))[0]
+
+
 def format_plan(p: dict, device_bytes: int | None = None) -> str:
     """`plan()`'s result as the printed plan; its last line is `memory_line` (the memory fraction
     for a device of `device_bytes`, None: an 80 GB card, and whether an 80 GB card fits it)."""
@@ -378,7 +384,7 @@ def format_plan(p: dict, device_bytes: int | None = None) -> str:
           "temporaries)"] if budget else []) + _format_state(p) + [
         f"    estimated peak        {g(p['peak_bytes'])}",
     ] + (_format_sampler(p) if "sampler_peak_bytes" in p else [])
-        + [memory_line(run_peak(p["peak_bytes"], p.get("sampler_peak_bytes")), device_bytes)])
+        + [memory_line(plan_peak(p), device_bytes)])
 
 
 def _format_state(p: dict) -> list[str]:
@@ -448,8 +454,7 @@ def plan_json(p: dict, device_bytes: int | None = None) -> dict:
     if "budget_micro_batch" in p:
         train["budget_micro_batch"] = list(p["budget_micro_batch"])
     train.update({k.replace("_bytes", "_gib"): gib(p[k]) for k in train_keys if k in p})
-    out = dict(top, **memory_keys(run_peak(p["peak_bytes"], p.get("sampler_peak_bytes")),
-                                       device_bytes), train_step=train)
+    out = dict(top, **memory_keys(plan_peak(p), device_bytes), train_step=train)
     if "sampler_peak_bytes" in p:
         sampler = {}
         for k, v in p.items():
