@@ -151,6 +151,24 @@ def test_eval_is_refused_on_a_device_too_small(tmp_path, monkeypatch, capsys, no
     assert line.startswith("hgpo-jax eval: error: tiny_cpu_toy does not fit the device"), line
 
 
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_bad_model_folder_is_refused_before_the_memory_plan(tmp_path, monkeypatch, capsys,
+                                                               no_fraction, command):
+    """The inputs are checked before the plan's child compiles: a mistyped model.path fails at
+    once on a GPU too, naming the folder, and nothing was planned."""
+    from hgpo_jax.cli import main
+    from hgpo_jax.commands import fit
+
+    monkeypatch.setenv(DEVICE_MEMORY_VAR, "80")
+    monkeypatch.setattr(fit, "child_plan", lambda *a: pytest.fail("planned before the checks"))
+    missing = tmp_path / "no-such-model"
+    code = main([command, "tiny_cpu_toy", f"model.path={missing}",
+                 f"train.run_dir={tmp_path}/run", "--no-progress"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and f"model.path={missing}" in line and "is not a folder" in line, line
+    assert FRACTION_VAR not in os.environ
+
+
 def test_without_a_gpu_nothing_is_planned_set_or_refused(tmp_path, monkeypatch, capsys,
                                                          no_fraction, no_weights):
     from hgpo_jax.commands import fit

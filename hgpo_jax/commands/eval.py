@@ -16,18 +16,21 @@ from hgpo_jax.commands.fit import fit_device
 def cmd_eval(args) -> int:
     from hgpo_jax.config import is_run_folder
     from hgpo_jax.runs import latest_checkpoint
-    from hgpo_jax.trainers.checks import check_output_file, check_start
+    import jax
+
+    from hgpo_jax.trainers.checks import check_attention, check_inputs, check_output_file
     from hgpo_jax.trainers.rl import Trainer
 
     cfg = command_config(args)
+    check_eval_args(cfg, args.split, args.games, args.episodes)
+    splits = [args.split] if args.split else cfg.eval.splits
+    check_inputs(cfg, kind="eval", run_dir=None, eval_splits=splits)  # before the plan
+    if args.episodes:
+        check_output_file(args.episodes, "--episodes")
     fit_device(args, "eval", say=printer(not getattr(args, "process_id", None)))  # before JAX starts
     main = start_distributed(args, cfg)  # before latest_checkpoint, which reads checkpoints with JAX
     say = printer(main)
-    check_eval_args(cfg, args.split, args.games, args.episodes)
-    splits = [args.split] if args.split else cfg.eval.splits
-    check_start(cfg, kind="eval", run_dir=None, eval_splits=splits)
-    if args.episodes:
-        check_output_file(args.episodes, "--episodes")
+    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
     run = os.path.abspath(args.config) if is_run_folder(args.config) else None
     found = latest_checkpoint(run) if run else None
     if run and found is None:

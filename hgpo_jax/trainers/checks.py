@@ -1,16 +1,19 @@
 """Checks that run before a command loads any weights: what the config names exists and fits.
 
-    check_start(cfg, kind="rl", run_dir=cfg.run_path())    # train; "sft", "eval" likewise
+    check_inputs(cfg, kind="rl", run_dir=cfg.run_path())   # train; "sft", "eval" likewise
+    check_start(cfg, kind="rl", run_dir=cfg.run_path())    # check_inputs + the backend's checks
     check_output_file(args.episodes, "--episodes")          # eval --episodes PATH
 
 Each raises ValueError or FileNotFoundError with a one-line message that names the option and the
 fix. They read only (config.json, folder listings, the env's task lists, a JSONL's line count):
 nothing is built, loaded or written, so a mistyped option fails in a second instead of after the
 model has loaded or the episodes have been recorded. (An env's task listing may unpack its data
-archive into the cache once, as the run itself would.) `check_start` asks JAX for its backend, so
-it runs after `hgpo_jax.distributed.init_distributed`.
+archive into the cache once, as the run itself would.) `check_inputs` never starts a JAX backend,
+so the commands run it first, before the memory plan of `commands.fit` (a mistyped model folder
+fails before a minute of planning); `check_start` adds what needs the backend (`check_attention`),
+so it runs after `hgpo_jax.distributed.init_distributed`.
 
-What `check_start` checks:
+What `check_start` checks (all but the attention: `check_inputs`):
 - the model folder (`model.path`: a Hugging Face folder, a run folder's base model): config.json
   of a supported family (`hgpo_jax.models.families`; others are refused by name) and a tokenizer
   file, `rollout.max_prompt_tokens + rollout.max_new_tokens` within the model's
@@ -49,9 +52,17 @@ def check_start(cfg, *, kind: str, run_dir: str | None, eval_splits: Sequence[st
     checked before weights load (see the module docstring). run_dir: the folder the command
     writes (None: not checked). eval_splits: the splits `eval` plays (default eval.splits; `eval
     --split S`: [S])."""
+    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
+    check_inputs(cfg, kind=kind, run_dir=run_dir, eval_splits=eval_splits)
+
+
+def check_inputs(cfg, *, kind: str, run_dir: str | None, eval_splits: Sequence[str] | None = None
+                 ) -> None:
+    """`check_start` without what needs JAX's backend: the run folder, the model folder, sft's
+    data and the env's tasks of every split played. Starts no backend (runs before the memory
+    plan sets JAX's share of a GPU)."""
     if kind not in KINDS:
         raise ValueError(f"check_start(kind={kind!r}): use one of {', '.join(KINDS)}")
-    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
     if run_dir is not None:
         check_writable_folder(run_dir)
     check_model_folder(cfg)
