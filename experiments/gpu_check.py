@@ -21,7 +21,9 @@ Parts, in this order (`--parts` picks and orders them):
   phases, bounds and MFU, and the device's peak bytes (`memory_stats()["peak_bytes_in_use"]`;
   null where the backend has none, as on a CPU).
 - decode: `probe_decode.py` at the paper's rollout shape (128 x 2048 + 512, fp32 master weights),
-  its bound at the device's memory bandwidth.
+  the einsum decode (every cache slot) against the ragged one (each row's tokens,
+  `hgpo_jax.models.gpu_attention`), each against its bounds at the device's memory bandwidth:
+  every slot, and the real tokens (the issue-49 aim: >= 60% of the real-token bound).
 
 Each part runs in a child process of its own session (its own device peak; a crash or hang
 loses only that part) with a timeout; a part whose turn comes with less of `--budget-s` left
@@ -68,7 +70,7 @@ PART_ORDER = ("parity", "plan", "model", *ITERATIONS, "decode")
 # the most it may run (a hang's cap); (full, smoke)
 PART_SECONDS = {"parity": ((30, 180), (5, 240)), "plan": ((40, 200), (5, 200)),
                 "model": ((20, 180), (2, 120)), "iteration": ((100, 330), (5, 240)),
-                "decode": ((40, 180), (5, 120))}
+                "decode": ((60, 240), (5, 120))}
 SMOKE_ROLLOUT = ["rollout.num_groups=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
                  "rollout.max_prompt_tokens=512", "train.mini_batch_size=4",
                  "train.micro_batch_size=2"]
@@ -94,7 +96,7 @@ def settings(args) -> dict:
         "plan_overrides": [*shapes, *args.overrides],  # after the shape's (part_plan)
         "plan_sampler": args.plan_sampler,
         "decode_shape": "local-tiny" if smoke else "1.5b",
-        "decode_grid": args.decode_grid or ("2x32" if smoke else "128x2048"),
+        "decode_grid": args.decode_grid or ("2x9-32" if smoke else "128x2048"),
         "decode_new": args.decode_new or (8 if smoke else 512),
         "parity_lengths": [64, 40, 9, 1] if smoke else [1024, 700, 333, 64, 1],
         "greedy_lengths": [20, 7, 3] if smoke else [300, 120, 37, 5],
@@ -321,7 +323,8 @@ def part_decode(s: dict, out: ChildOutput) -> dict:
     # for the FLOP/s, which the probe does not use, as a CPU's bf16 matmul is slow)
     peaks = bi.device_peaks("bfloat16" if jax.default_backend() == "gpu" else "float32")
     argv = ["--shape", s["decode_shape"], "--param-dtype", "float32", "--new",
-            str(s["decode_new"]), "--grid", s["decode_grid"], "--peak-bw", str(peaks["bw"])]
+            str(s["decode_new"]), "--grid", s["decode_grid"], "--decode", "einsum,ragged",
+            "--peak-bw", str(peaks["bw"])]
     return {"command": "python experiments/probe_decode.py " + " ".join(argv), "peaks": peaks,
             "points": probe_decode.main(argv)}
 
@@ -627,11 +630,13 @@ def markdown(report: dict) -> str:
     lines += ["", f"## Decode ({dec['status']})", ""]
     if dec.get("points"):
         lines += [f"Bound at {dec['peaks']['bw'] / 1e9:.0f} GB/s ({dec['peaks']['source']}).", "",
-                  "| weights | rows x prompt, new | ms per step | bound ms | bound/wall "
-                  "| prefill s |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['param_dtype']} | {r['rows']} x {r['prompt']}, {r['new']} | "
-                  f"{r['decode_ms_per_step']:.2f} | {r['bound_ms_all_slots']:.2f} | "
-                  f"{r['bound_over_wall']:.0%} | {r['prefill_s']:.2f} |" for r in dec["points"]]
+                  "| decode | weights | rows x prompt, new | ms per step | bound ms, all slots "
+                  "| bound ms, real tokens | real-token bound/wall | prefill s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['decode']} | {r['param_dtype']} | {r['rows']} x {r['prompt']}, "
+                  f"{r['new']} | {r['decode_ms_per_step']:.2f} | {r['bound_ms_all_slots']:.2f} | "
+                  f"{r['bound_ms_real_tokens']:.2f} | {r['real_bound_over_wall']:.0%} | "
+                  f"{r['prefill_s']:.2f} |" for r in dec["points"]]
     return "\n".join(lines) + "\n"
 
 
@@ -670,7 +675,7 @@ def parse_args(argv=None):
                    help="bench_iteration's prompt floor (default 1536; --smoke: 0)")
     p.add_argument("--plan-sampler", action="store_true", help="also plan the rollout's sampler")
     p.add_argument("--decode-grid", default="", help="probe_decode's rows x prompt tokens "
-                   "(default 128x2048; --smoke: 2x32)")
+                   "(RxP or RxA-B; default 128x2048; --smoke: 2x9-32)")
     p.add_argument("--decode-new", type=int, default=0,
                    help="new tokens per decode row (default 512; --smoke: 8)")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)

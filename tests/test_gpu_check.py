@@ -58,6 +58,10 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert c["measured_over_planned"] is None
     decode = report["decode"]
     assert decode["status"] == "ok" and decode["points"][0]["decode_ms_per_step"] > 0
+    assert [p["decode"] for p in decode["points"]] == ["einsum", "ragged"]  # the A/B, one point
+    for point in decode["points"]:  # rows of 9 to 32 tokens in a 32 bucket: fewer real tokens
+        assert 0 < point["bound_ms_real_tokens"] < point["bound_ms_all_slots"]
+        assert point["real_bound_over_wall"] > 0
 
     table = (tmp_path / "check.md").read_text()
     for heading in ("## Parity (ok)", "## Plan against the measured peak (ok)", "## Iterations",

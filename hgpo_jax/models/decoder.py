@@ -11,7 +11,10 @@ V vocabulary.
 One attention code path serves three uses:
 - full forward (no cache): tokens occupy slots 0..T-1, keys are the same tokens;
 - prefill and decode (with a `KVCache`): the T new tokens are written at slots
-  `cache.index .. cache.index+T-1`, and every query attends to the valid slots at or before its own.
+  `cache.index .. cache.index+T-1`, and every query attends to the valid slots at or before its own;
+- decode into a ragged cache (`KVCache(ragged=True)`, after a right-padded prefill): each row's
+  one new token is written at its own next slot (`cache.pos`), so a row's tokens are always its
+  first slots, and its query reads those slots only (`gpu_attention.ragged_decode_attention`).
 Left-padded rows are handled by `attention_mask` (0 on padding): padded slots are never attended to,
 and RoPE positions count real tokens only, so a left-padded row gives the logits of the unpadded row.
 """
@@ -25,6 +28,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
+from hgpo_jax.models.gpu_attention import ragged_decode_attention
 from hgpo_jax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 from hgpo_jax.models.sharding import rows_sharding
 from hgpo_jax.models.tpu_attention import splash_attention
@@ -39,11 +43,16 @@ class KVCache:
     """Keys and values of past tokens, as a pytree (jit/scan friendly).
 
     k:         per layer, [B, K, hd, S] (keys stored transposed: scores are a plain matmul); a tuple
-               of L arrays, or one stacked array [L, B, K, hd, S] for a model with scanned layers
+               of L arrays, or one stacked array [L, B, K, hd, S] for a model with scanned layers;
+               a ragged cache: [B, K, S, hd] per layer, as v (the ragged kernel's layout)
     v:         per layer, [B, K, S, hd]; a tuple, or stacked [L, B, K, S, hd]
-    key_mask:  [B, S] bool, True where a slot holds a real (non-padding) token
-    pos:       [B] int32, RoPE position of the next real token of each row
-    index:     [] int32, the next slot to write (shared by all rows)
+    key_mask:  [B, S] bool, True where a slot holds a real (non-padding) token (a ragged cache
+               keeps it from its prefill only: its rows' real tokens are slots [0, pos))
+    pos:       [B] int32, RoPE position of the next real token of each row (a ragged cache: also
+               the slot it is written at)
+    index:     [] int32, the next slot to write (shared by all rows; a ragged cache's prefill)
+    ragged:    static: the rows' tokens are their first `pos` slots, each decode step writing
+               at the row's own slot `pos` (see the module docstring); unstacked layers only
     """
 
     k: tuple | jax.Array
@@ -51,22 +60,29 @@ class KVCache:
     key_mask: jax.Array
     pos: jax.Array
     index: jax.Array
+    ragged: bool = struct.field(pytree_node=False, default=False)
 
     @classmethod
     def init(cls, config: DecoderConfig, batch: int, max_len: int, dtype="float32", *,
-             stacked: bool = False) -> "KVCache":
+             stacked: bool = False, ragged: bool = False) -> "KVCache":
         """An empty cache with room for `max_len` slots per row; `stacked` for a model with
-        scanned layers (`CausalLM.scan_layers`)."""
+        scanned layers (`CausalLM.scan_layers`); `ragged` for a ragged decode (keys [B, K, S,
+        hd]; not stacked)."""
         dtype = resolve_dtype(dtype)
         K, hd, L = config.num_key_value_heads, config.head_size, config.num_hidden_layers
+        if stacked and ragged:
+            raise ValueError("a ragged KV cache is one array per layer: run the model's layers "
+                             "unrolled (relayout_layers(model, False)) to decode into it")
         if stacked:
             k = jnp.zeros((L, batch, K, hd, max_len), dtype)
             v = jnp.zeros((L, batch, K, max_len, hd), dtype)
         else:
-            k = tuple(jnp.zeros((batch, K, hd, max_len), dtype) for _ in range(L))
+            k_shape = (batch, K, max_len, hd) if ragged else (batch, K, hd, max_len)
+            k = tuple(jnp.zeros(k_shape, dtype) for _ in range(L))
             v = tuple(jnp.zeros((batch, K, max_len, hd), dtype) for _ in range(L))
         return cls(k=k, v=v, key_mask=jnp.zeros((batch, max_len), bool),
-                   pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32))
+                   pos=jnp.zeros((batch,), jnp.int32), index=jnp.zeros((), jnp.int32),
+                   ragged=ragged)
 
     @property
     def max_len(self) -> int:
@@ -237,15 +253,21 @@ class Attention(nnx.Module):
         each other only, and their keys/values are written at `index` for the decode. With
         last_query_only the queries at `last_slot` take the einsum path over the T new keys
         (scores [B, K, G, T]: no [T, T] buffer).
+
+        A decode step into a ragged cache (cache_kv a `RaggedKV`, fused ("ragged", mesh), T = 1):
+        `mask` is each row's slot int32 [B] (its `KVCache.pos`); the new key and value are written
+        there, and the query reads the row's slots [0, slot] only (`ragged_decode_attention`).
         """
         B, T, _ = x.shape
         H, K, hd = self.num_heads, self.num_kv_heads, self.head_size
+        if fused is not None and fused[0] == "ragged":
+            return self._ragged_decode(x, cos, sin, mask, cache_kv, fused[1])
         if fused is not None:
             k = apply_rope(self._heads(self.k_proj, self.k_norm, x, K), cos, sin,
                            heads_first=False)                                        # [B, T, K, hd]
             v = self._heads(self.v_proj, None, x, K)                                 # [B, T, K, hd]
             new_kv = (None if cache_kv is None else
-                      _write_kv(cache_kv, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), index))
+                      _write_kv(cache_kv, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), index))
             if last_query_only:
                 xq, cq, sq = (_query_rows(a, last_slot) for a in (x, cos, sin))
                 q = apply_rope(self._heads(self.q_proj, self.q_norm, xq, H).transpose(0, 2, 1, 3),
@@ -270,18 +292,62 @@ class Attention(nnx.Module):
         q = apply_rope(heads_first(self.q_proj, self.q_norm, x, H), cos, sin)     # [B, H, Tq, hd]
         new_kv = None
         if cache_kv is not None:
-            new_kv = ck, cv = _write_kv(cache_kv, kt, v, index)
+            if isinstance(cache_kv, RaggedKV):
+                raise ValueError("a ragged KV cache is filled by a right-padded prefill "
+                                 "(right_padded=True) and then decoded one token at a time")
+            new_kv = ck, cv = _write_kv(cache_kv, k, v, index)
             kt, v = ck.astype(q.dtype), cv.astype(q.dtype)
         out = attention(q, kt, v, mask).transpose(0, 2, 1, 3)  # [B, Tq, H, hd]
         return self.o_proj(out.reshape(B, -1, H * hd)), new_kv
 
+    def _ragged_decode(self, x, cos, sin, slots, cache_kv, mesh):
+        """One decode step into a ragged cache (see `__call__`): x [B, 1, D], slots int32 [B] ->
+        (y [B, 1, D], the layer's (k, v) with each row's new key and value at its slot)."""
+        B, T, _ = x.shape
+        H, K, hd = self.num_heads, self.num_kv_heads, self.head_size
+        if T != 1 or not isinstance(cache_kv, RaggedKV):
+            raise ValueError(f"a ragged decode step feeds one token per row into a ragged cache "
+                             f"(got {T} tokens, cache {type(cache_kv).__name__})")
+        heads_first = lambda proj, norm, n: self._heads(proj, norm, x, n).transpose(0, 2, 1, 3)  # noqa: E731
+        q = apply_rope(heads_first(self.q_proj, self.q_norm, H), cos, sin)       # [B, H, 1, hd]
+        k = apply_rope(heads_first(self.k_proj, self.k_norm, K), cos, sin)       # [B, K, 1, hd]
+        v = heads_first(self.v_proj, None, K)                                   # [B, K, 1, hd]
+        put = jax.vmap(lambda c, new, s: jax.lax.dynamic_update_slice(c, new, (0, s, 0)))
+        ck = put(cache_kv.k, k.astype(cache_kv.k.dtype), slots)
+        cv = put(cache_kv.v, v.astype(cache_kv.v.dtype), slots)
+        out = ragged_decode_attention(q[:, :, 0], ck.astype(q.dtype), cv.astype(q.dtype),
+                                      slots + 1, mesh=mesh)                      # [B, H, hd]
+        return self.o_proj(out.reshape(B, 1, H * hd)), (ck, cv)
 
-def _write_kv(cache_kv, kt, v, index):
-    """Write T new keys kt [B, K, hd, T] and values v [B, K, T, hd] into one layer's cache
-    (k [B, K, hd, S], v [B, K, S, hd]) at slot `index` -> the updated (k, v)."""
+
+class RaggedKV(tuple):
+    """One layer's (k, v) of a ragged cache, both [B, K, S, hd] (`KVCache(ragged=True)`): a tuple
+    that says its layout, so a layer writes its keys untransposed."""
+
+    def __new__(cls, k, v):
+        return super().__new__(cls, (k, v))
+
+    k = property(lambda self: self[0])
+    v = property(lambda self: self[1])
+
+
+def layer_kv(cache: "KVCache", i: int) -> tuple:
+    """Layer i's (k, v) of an unstacked cache: a `RaggedKV` for a ragged cache."""
+    kv = (cache.k[i], cache.v[i])
+    return RaggedKV(*kv) if cache.ragged else kv
+
+
+def _write_kv(cache_kv, k, v, index):
+    """Write T new keys k and values v [B, K, T, hd] into one layer's cache at slot `index` (the
+    same for every row) -> the updated (k, v): k stored [B, K, hd, S] (transposed), or [B, K, S,
+    hd] in a ragged cache (`RaggedKV`); v [B, K, S, hd]."""
     ck, cv = cache_kv
-    return (jax.lax.dynamic_update_slice(ck, kt.astype(ck.dtype), (0, 0, 0, index)),
-            jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0)))
+    if isinstance(cache_kv, RaggedKV):
+        new_k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+    else:
+        new_k = jax.lax.dynamic_update_slice(ck, k.transpose(0, 1, 3, 2).astype(ck.dtype),
+                                             (0, 0, 0, index))
+    return new_k, jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
 
 
 def _query_rows(x, last_slot):
@@ -423,9 +489,12 @@ class CausalLM(nnx.Module):
             return self.model.embed_tokens.attend(hidden)
         return self.lm_head(hidden)
 
-    def new_cache(self, batch: int, max_len: int, dtype="float32") -> KVCache:
-        """An empty KVCache in this model's layout (stacked for scanned layers)."""
-        return KVCache.init(self.config, batch, max_len, dtype, stacked=self.scan_layers)
+    def new_cache(self, batch: int, max_len: int, dtype="float32", ragged: bool = False
+                  ) -> KVCache:
+        """An empty KVCache in this model's layout (stacked for scanned layers); `ragged` for a
+        ragged decode (`KVCache`; unrolled layers only)."""
+        return KVCache.init(self.config, batch, max_len, dtype, stacked=self.scan_layers,
+                            ragged=ragged)
 
     def hidden_states(self, input_ids, *, positions=None, attention_mask=None, cache=None,
                       last_only: bool = False, right_padded: bool = False):
@@ -442,6 +511,11 @@ class CausalLM(nnx.Module):
         written, key_mask marks the real ones, `pos` becomes the rows' lengths, and with
         last_only hidden is each row's LAST REAL token's (slot length-1; a row of only padding
         gives slot 0's, finite and meaningless).
+
+        A ragged cache (`KVCache(ragged=True)`): filled by a right-padded prefill as above, then
+        decoded one token per row per call (T = 1, not right_padded): each row's token is written
+        at its slot `cache.pos` and reads its slots [0, pos] only (`Attention._ragged_decode`);
+        a row whose attention_mask is 0 (finished) does not advance.
         """
         B, T = input_ids.shape
         new_mask = (jnp.ones((B, T), bool) if attention_mask is None
@@ -457,13 +531,21 @@ class CausalLM(nnx.Module):
             key_mask = jax.lax.dynamic_update_slice(cache.key_mask, new_mask, (0, index))
             q_slots = index + jnp.arange(T)
         fused, last_slot = None, None
-        if (right_padded and cache is not None) or (
+        if cache is not None and cache.ragged and not right_padded:
+            if T != 1:
+                raise ValueError(f"a ragged KV cache decodes one token per row per call, not {T}: "
+                                 "fill it with a right-padded prefill (right_padded=True)")
+            fused, last_only = ("ragged", self.batch_mesh), False
+        elif (right_padded and cache is not None) or (
                 cache is None and not last_only and (right_padded or attention_mask is None)):
             fused = resolve_attention(self.attention, self.dtype, self.config.head_size)
             fused = None if fused == "einsum" else (fused, self.batch_mesh)
         if right_padded and cache is not None and last_only:
             last_slot = jnp.maximum(new_mask.sum(axis=1) - 1, 0).astype(jnp.int32)  # [B]
-        if fused is not None:  # the rows' lengths stand for the mask (at least 1: finite rows)
+        if fused is not None and fused[0] == "ragged":  # each row's slot stands for the mask
+            mask = cache.pos                                                  # [B]
+            key_mask = cache.key_mask
+        elif fused is not None:  # the rows' lengths stand for the mask (at least 1: finite rows)
             mask = jnp.maximum(new_mask.sum(axis=1), 1).astype(jnp.int32)   # [B]
         else:
             causal = jnp.arange(S)[None, :] <= q_slots[:, None]              # [T, S]
@@ -480,7 +562,7 @@ class CausalLM(nnx.Module):
             return hidden, None
         return hidden, KVCache(k=kv[0], v=kv[1], key_mask=key_mask,
                                pos=start_pos + new_mask.sum(axis=1).astype(jnp.int32),
-                               index=index + T)
+                               index=index + T, ragged=cache.ragged)
 
     def _unrolled_layers(self, x, cos, sin, mask, cache, index, last_only, fused, last_slot=None):
         """The L layers one after the other -> (x, (keys, values) tuples or None)."""
@@ -490,7 +572,7 @@ class CausalLM(nnx.Module):
             if cache is None and self.remat and not last:
                 x = self._split_batch(_remat_layer_output(layer, x, cos, sin, mask, fused))
                 continue
-            cache_kv = None if cache is None else (cache.k[i], cache.v[i])
+            cache_kv = None if cache is None else layer_kv(cache, i)
             x, kv = layer(x, cos, sin, mask, cache_kv, index, last_query_only=last, fused=fused,
                           last_slot=last_slot)
             x = self._split_batch(x)
@@ -507,6 +589,9 @@ class CausalLM(nnx.Module):
         and each layer writes only its T new slots. last_only: L-1 layers in the scan, the last one
         after it (its queries cover the last slot only).
         """
+        if cache is not None and cache.ragged:
+            raise ValueError("a ragged KV cache is one array per layer: run the model's layers "
+                             "unrolled (relayout_layers(model, False)) to decode into it")
         graphdef, state = nnx.split(self.model.layers)
         L = self.config.num_hidden_layers
         n = L - 1 if last_only else L

@@ -48,6 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.distributed import local_rows, max_over_processes
 from hgpo_jax.models.decoder import KVCache, cast_to_compute, relayout_layers, resolve_attention
+from hgpo_jax.models.gpu_attention import ragged_slots
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
 from hgpo_jax.rl.batching import bucket
@@ -222,6 +223,7 @@ class _Static:
     prefill_attention: str = "einsum"  # 'einsum': left-padded, chunked; else a fused impl, right-padded
     prefill_chunk: int = 0       # C, query tokens per prefill chunk (the einsum path; 0 = all P)
     prefill_row_groups: int = 1  # the fused path: rows prefilled in this many forwards
+    decode_attention: str = "einsum"  # 'einsum': every cache slot; 'ragged': the rows' tokens only
 
 
 def _sampling_model(graphdef, state, static: _Static):
@@ -254,8 +256,8 @@ def _constrain_cache(cache: KVCache, mesh) -> KVCache:
         v = tuple(constrain(x, kv_spec) for x in cache.v)
     row_spec = rows_sharding(mesh, (batch,))
     mask_spec = rows_sharding(mesh, (batch, slots))
-    return KVCache(k=k, v=v, key_mask=constrain(cache.key_mask, mask_spec),
-                   pos=constrain(cache.pos, row_spec), index=cache.index)
+    return cache.replace(k=k, v=v, key_mask=constrain(cache.key_mask, mask_spec),
+                         pos=constrain(cache.pos, row_spec))
 
 
 def _grow_cache(cache: KVCache, extra: int) -> KVCache:
@@ -332,8 +334,12 @@ def _prefill_program(state, input_ids, attention_mask, row_valid, row_ids, eos_i
                                          static.prefill_chunk or Pn, static.mesh)  # [B, 1, D]
         cache = _constrain_cache(_grow_cache(cache, N), static.mesh)
     else:  # right-padded rows, fused forwards (their attention never reads the cache, so the
-        # cache has its Pn + N slots from the start: no second copy); hidden: last real tokens'
-        cache = _constrain_cache(model.new_cache(B, Pn + N, static.cache_dtype), static.mesh)
+        # cache has its Pn + N slots from the start: no second copy); hidden: last real tokens'.
+        # A ragged decode's cache: each row's new tokens right after its prompt (slots rounded up)
+        ragged = static.decode_attention == "ragged"
+        slots = ragged_slots(Pn + N) if ragged else Pn + N
+        cache = _constrain_cache(model.new_cache(B, slots, static.cache_dtype, ragged=ragged),
+                                 static.mesh)
         hidden, cache = _fused_prefill(model, input_ids, attention_mask, cache,
                                        static.prefill_row_groups, static.mesh)
     keys = row_keys(rng, row_ids)
@@ -404,7 +410,7 @@ def _fused_prefill(model, input_ids, attention_mask, cache: KVCache, groups: int
     def body(carry, g):
         hidden, cache = carry
         own, part = forward(pick(input_ids, g), pick(attention_mask, g),
-                            model.new_cache(R, cache.max_len, dtype))
+                            model.new_cache(R, cache.max_len, dtype, ragged=cache.ragged))
         hidden = _put_rows(hidden, own, g, groups, axis=0)
         axis = 1 if cache.stacked else 0
         put = lambda big, small: _put_rows(big, small, g, groups, axis)  # noqa: E731
@@ -509,6 +515,32 @@ def prefill_chunk_size(requested: int, rows: int, heads: int, prompt_slots: int)
     chunk = 1 << max(0, (PREFILL_SCORE_BYTES // per_token).bit_length() - 1) \
         if PREFILL_SCORE_BYTES >= per_token else 1
     return min(max(chunk, MIN_PREFILL_CHUNK), prompt_slots)
+
+
+DECODE_ATTENTIONS = ("auto", "einsum", "ragged")
+
+
+def decode_path(requested: str, prefill_attention: str, unrolled: bool, head_size: int = 128,
+                platform: str | None = None) -> str:
+    """The attention of the sampler's decode: 'einsum' (`decoder.attention` over every slot of
+    the cache: the prompt bucket's padding and the new-token slots not yet written included) or
+    'ragged' (`gpu_attention.ragged_decode_attention`: each row's tokens only). requested: 'auto'
+    (ragged on a GPU where the prefill is fused, the layers run unrolled and the head size is a
+    power of two >= 16, as the Triton kernel's blocks need; else einsum), or either by name
+    ('ragged' off a GPU runs Pallas's interpreter: tests). prefill_attention: the prefill's path
+    (`prefill_path`); unrolled: the sampling model's layers are unrolled."""
+    if requested not in DECODE_ATTENTIONS:
+        raise ValueError(f"decode={requested!r}: use one of {', '.join(DECODE_ATTENTIONS)}")
+    fits = prefill_attention != "einsum" and unrolled
+    if requested == "auto":
+        triton = head_size >= 16 and head_size & (head_size - 1) == 0
+        on_gpu = (platform or jax.default_backend()) == "gpu"
+        return "ragged" if fits and triton and on_gpu else "einsum"
+    if requested == "ragged" and not fits:
+        raise ValueError("decode='ragged' needs right-padded prompts (a model whose attention "
+                         "resolves to a fused path, e.g. model.attention=cudnn on a GPU or xla) "
+                         "and unrolled layers (Sampler(unroll_layers=True)); use decode='auto'")
+    return requested
 
 
 def prefill_path(model) -> str:
@@ -646,28 +678,37 @@ def _decode_args(args, carry):
     return state, carry, eos, temperature, top_p, n_new
 
 
-def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chunk: int) -> dict:
-    """_Static's prefill fields: the path (`prefill_path`) and, on the einsum path, the chunk
-    (`prefill_chunk_size`; 0 on a fused path, where it is unused)."""
+def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chunk: int,
+                    decode: str = "auto", unroll_layers: bool = True) -> dict:
+    """_Static's prefill and decode fields: the prefill's path (`prefill_path`) and, on the
+    einsum path, its chunk (`prefill_chunk_size`; 0 on a fused path, where it is unused); the
+    decode's attention (`decode_path` of `decode`)."""
     path = prefill_path(model)
+    decode_attention = decode_path(decode, path, unroll_layers or not model.scan_layers,
+                                   model.config.head_size)
     if path != "einsum":
         return dict(prefill_attention=path, prefill_chunk=0, prefill_row_groups=prefill_row_groups(
-            prefill_chunk, rows_per_device, prompt_slots))
+            prefill_chunk, rows_per_device, prompt_slots), decode_attention=decode_attention)
     chunk = prefill_chunk_size(prefill_chunk, rows_per_device, model.config.num_attention_heads,
                                prompt_slots)
-    return dict(prefill_attention=path, prefill_chunk=chunk)
+    return dict(prefill_attention=path, prefill_chunk=chunk, decode_attention=decode_attention)
 
 
 class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring).
 
     num_compiles: programs compiled so far. compile_s: total seconds spent compiling.
+    unroll_layers: run a scanned model's layers unrolled (`_sampling_model`). decode: the decode's
+    attention, 'auto', 'einsum' or 'ragged' (`decode_path`).
     """
 
-    def __init__(self, unroll_layers: bool = True):
+    def __init__(self, unroll_layers: bool = True, decode: str = "auto"):
+        if decode not in DECODE_ATTENTIONS:
+            raise ValueError(f"Sampler(decode={decode!r}): use one of {', '.join(DECODE_ATTENTIONS)}")
         self._programs: dict = {}
         self.compile_s = 0.0
         self.unroll_layers = unroll_layers  # see _sampling_model
+        self.decode = decode
 
     @property
     def num_compiles(self) -> int:
@@ -703,7 +744,7 @@ class Sampler:
             top_k=0 if greedy or top_k >= vocab else int(top_k),
             use_top_p=not greedy and top_p < 1.0, cache_dtype=jnp.dtype(model.dtype),
             mesh=mesh, unroll_layers=self.unroll_layers,
-            **_prefill_static(model, B // dp, Pn, prefill_chunk))
+            **_prefill_static(model, B // dp, Pn, prefill_chunk, self.decode, self.unroll_layers))
 
         pad = left_pad if static.prefill_attention == "einsum" else right_pad
         ids, mask, valid = pad(prompts, B // procs, Pn)
@@ -791,7 +832,7 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
     B, Pn, N = batch_bucket(rows, dp), prompt_bucket(prompt_slots), new_tokens_bucket(max_new_tokens)
     static = _Static(max_new=N, greedy=False, top_k=0, use_top_p=False,
                      cache_dtype=jnp.dtype(cache_dtype), mesh=mesh, unroll_layers=unroll_layers,
-                     **_prefill_static(model, B // dp, Pn, prefill_chunk))
+                     **_prefill_static(model, B // dp, Pn, prefill_chunk, "auto", unroll_layers))
     if mesh is None:
         batched = lambda shape: {}  # noqa: E731
         rep = {}
