@@ -137,6 +137,22 @@ def test_the_ragged_decode_samples_what_the_einsum_decode_samples(models, shape)
     assert min(map(len, out.tokens)) < 12 == max(map(len, out.tokens))  # eos ended some rows
 
 
+def test_the_ragged_decode_after_a_prefill_in_row_groups(models, monkeypatch):
+    """The fused prefill in several forwards of a few rows each (`prefill_row_groups`) fills the
+    ragged cache as one forward does."""
+    from hgpo_jax.rl import sampling
+
+    _, model = models["tied_gqa2"]
+    prompts = prompts_of(model.config.vocab_size, (5, 30, 1, 17, 9), seed=4)
+    ref = generate(model, prompts, 8, temperature=0, sampler=Sampler(decode="einsum"))
+    monkeypatch.setattr(sampling, "PREFILL_ROW_TOKENS", 64)  # 8 rows x 32 slots: 4 forwards
+    assert sampling.prefill_row_groups(-1, 8, 32) == 4
+    out = generate(model, prompts, 8, temperature=0, sampler=Sampler(decode="ragged"))
+    assert out.tokens == ref.tokens
+    np.testing.assert_allclose(np.concatenate(out.logprobs), np.concatenate(ref.logprobs),
+                               atol=2e-5)
+
+
 def test_the_ragged_decode_on_a_mesh_gives_the_unsharded_greedy_output(models):
     folder, model = models["tied_gqa2"]
     sharded = load_pretrained(folder, attention="xla", mesh=make_mesh(data=2, fsdp=2, tensor=2))
