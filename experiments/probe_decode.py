@@ -94,10 +94,10 @@ def main(argv=None) -> list[dict]:
         prompts = [rs.integers(0, cfg.vocab_size, n).tolist() for n in lengths]
         bounds = decode_bounds(cfg, lengths, args.new, weight_bytes, args.peak_bw)
         for decode in args.decode.split(","):
-            sampler = sampling.Sampler(decode=decode)
-            sampler.generate(model, prompts, args.new, temperature=1.0, rng=0)
-            runs = [sampler.generate(model, prompts, args.new, temperature=1.0, rng=i)
-                    for i in (1, 2)]
+            sampler = sampling.Sampler()
+            sampler.generate(model, prompts, args.new, temperature=1.0, rng=0, decode=decode)
+            runs = [sampler.generate(model, prompts, args.new, temperature=1.0, rng=i,
+                                     decode=decode) for i in (1, 2)]
             step_ms = 1e3 * min(r.decode_s for r in runs) / max(args.new - 1, 1)
             rec = {"param_dtype": args.param_dtype, "no_cast": args.no_cast, "decode": decode,
                    "rows": rows, "prompt": point.split("x", 1)[1], "new": args.new,

@@ -126,6 +126,7 @@ class RolloutConfig(Options):
     max_new_tokens: int = 512  # max response tokens per step
     max_prompt_tokens: int = 4096  # prompts beyond this lose their start (left truncation; rollout/truncated_prompt_rate)
     prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 128 MiB), 0 = whole prompt (docs/sampling.md)
+    decode_attention: str = "auto"  # sampler decode: auto (ragged on a GPU where it runs), einsum (every cache slot), ragged (the rows' tokens only; docs/training.md)
 
     def _own_problems(self, p: Problems) -> None:
         p.at_least("num_groups", self.num_groups, 1)
@@ -137,6 +138,7 @@ class RolloutConfig(Options):
         p.at_least("max_prompt_tokens", self.max_prompt_tokens, 1)
         p.check(self.prefill_chunk >= -1, "prefill_chunk", self.prefill_chunk,
                 "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
+        p.one_of("decode_attention", self.decode_attention, ("auto", "einsum", "ragged"))
 
 
 @dataclass

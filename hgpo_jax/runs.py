@@ -162,7 +162,7 @@ RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
                 "train.keep_checkpoints", "train.remat", "train.micro_batch_size",
                 "train.max_tokens_per_micro_batch", "train.pad_multiple", "train.diagnostics",
                 "model.attention", "env.num_workers", "env.step_timeout", "env.reset_timeout",
-                "rollout.prefill_chunk", "sft.steps", "sft.eval_every", "sft.save_every",
+                "rollout.prefill_chunk", "rollout.decode_attention", "sft.steps", "sft.eval_every", "sft.save_every",
                 "eval.*", "mesh.*", "dist.*")
 PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
 

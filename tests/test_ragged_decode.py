@@ -125,12 +125,12 @@ def test_the_ragged_decode_samples_what_the_einsum_decode_samples(models, shape)
     end early at an eos: the same tokens, log-probs within float error."""
     _, model = models[shape]
     prompts = prompts_of(model.config.vocab_size, (5, 30, 1, 17, 9), seed=3)
-    einsum, ragged = Sampler(decode="einsum"), Sampler(decode="ragged")
-    greedy = generate(model, prompts, 12, temperature=0, sampler=einsum)
+    einsum, ragged = Sampler(), Sampler()
+    greedy = generate(model, prompts, 12, temperature=0, sampler=einsum, decode="einsum")
     eos = sorted({row[3] for row in greedy.tokens})[:2]   # some rows end early, others run on
     for kw in (dict(temperature=0), dict(temperature=1.0, rng=7), dict(temperature=0, eos_token_id=eos)):
-        ref = generate(model, prompts, 12, sampler=einsum, **kw)
-        out = generate(model, prompts, 12, sampler=ragged, **kw)
+        ref = generate(model, prompts, 12, sampler=einsum, decode="einsum", **kw)
+        out = generate(model, prompts, 12, sampler=ragged, decode="ragged", **kw)
         assert out.tokens == ref.tokens, kw
         np.testing.assert_allclose(np.concatenate(out.model_logprobs),
                                    np.concatenate(ref.model_logprobs), atol=2e-5)
@@ -144,10 +144,10 @@ def test_the_ragged_decode_after_a_prefill_in_row_groups(models, monkeypatch):
 
     _, model = models["tied_gqa2"]
     prompts = prompts_of(model.config.vocab_size, (5, 30, 1, 17, 9), seed=4)
-    ref = generate(model, prompts, 8, temperature=0, sampler=Sampler(decode="einsum"))
+    ref = generate(model, prompts, 8, temperature=0, sampler=Sampler(), decode="einsum")
     monkeypatch.setattr(sampling, "PREFILL_ROW_TOKENS", 64)  # 8 rows x 32 slots: 4 forwards
     assert sampling.prefill_row_groups(-1, 8, 32) == 4
-    out = generate(model, prompts, 8, temperature=0, sampler=Sampler(decode="ragged"))
+    out = generate(model, prompts, 8, temperature=0, sampler=Sampler(), decode="ragged")
     assert out.tokens == ref.tokens
     np.testing.assert_allclose(np.concatenate(out.logprobs), np.concatenate(ref.logprobs),
                                atol=2e-5)
@@ -157,8 +157,8 @@ def test_the_ragged_decode_on_a_mesh_gives_the_unsharded_greedy_output(models):
     folder, model = models["tied_gqa2"]
     sharded = load_pretrained(folder, attention="xla", mesh=make_mesh(data=2, fsdp=2, tensor=2))
     prompts = prompts_of(model.config.vocab_size, (5, 11, 3), seed=6)
-    ref = generate(model, prompts, 10, temperature=0, sampler=Sampler(decode="einsum"))
-    out = generate(sharded, prompts, 10, temperature=0, sampler=Sampler(decode="ragged"))
+    ref = generate(model, prompts, 10, temperature=0, sampler=Sampler(), decode="einsum")
+    out = generate(sharded, prompts, 10, temperature=0, sampler=Sampler(), decode="ragged")
     assert out.tokens == ref.tokens
     np.testing.assert_allclose(np.concatenate(out.logprobs), np.concatenate(ref.logprobs),
                                atol=2e-5)
@@ -175,4 +175,15 @@ def test_the_decode_path_ragged_on_a_gpu_where_it_runs():
     with pytest.raises(ValueError, match="needs right-padded prompts"):
         decode_path("ragged", "einsum", True)
     with pytest.raises(ValueError, match="use one of auto, einsum, ragged"):
-        Sampler(decode="paged")
+        generate(None, [[1]], 4, decode="paged")
+
+
+def test_the_config_key_reaches_the_rollouts_policy():
+    from hgpo_jax.config import ConfigError, load_config
+    from hgpo_jax.rl.rollout import Policy
+
+    assert load_config(None, []).rollout.decode_attention == "auto"
+    cfg = load_config(None, ["rollout.decode_attention=einsum"])
+    assert Policy.of_rollout(None, None, cfg.rollout, 1.0).decode_attention == "einsum"
+    with pytest.raises(ConfigError, match="rollout.decode_attention"):
+        load_config(None, ["rollout.decode_attention=paged"])

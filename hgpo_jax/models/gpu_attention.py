@@ -1,7 +1,7 @@
 """One decode step's attention over a ragged KV cache, reading only the slots that hold tokens.
 
 `ragged_decode_attention(q, k, v, lengths)` is the sampler's decode attention on a GPU
-(`hgpo_jax.rl.sampling`, `Sampler(decode="ragged")`): each row's one new query attends to the
+(`hgpo_jax.rl.sampling`, `generate(..., decode="ragged")`): each row's one new query attends to the
 first `lengths[b]` slots of its row of the cache, and slots past them are never read. The einsum
 decode (`decoder.attention`) reads every slot of the cache, the prompt bucket's padding and the
 new-token slots not yet written included: at 128 rows x (2,048 + 512) slots that is about a third

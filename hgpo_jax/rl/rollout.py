@@ -102,16 +102,18 @@ class Policy:
     max_new_tokens: int = 512
     max_prompt_tokens: int = 2048
     prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
+    decode_attention: str = "auto"  # the sampler's decode attention (`generate`'s decode)
     # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
     prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
 
     @classmethod
     def of_rollout(cls, model, tokenizer, rollout, temperature: float) -> "Policy":
         """The policy a config's `rollout` section samples with (its top_p, top_k, max_new_tokens,
-        max_prompt_tokens, prefill_chunk), at `temperature`."""
+        max_prompt_tokens, prefill_chunk, decode_attention), at `temperature`."""
         return cls(model, tokenizer, temperature=temperature, top_p=rollout.top_p,
                    top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
-                   max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk)
+                   max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk,
+                   decode_attention=rollout.decode_attention)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
@@ -128,7 +130,8 @@ class Policy:
         return generate(self.model, prompts, self.max_new_tokens, temperature=self.temperature,
                         top_p=self.top_p, top_k=self.top_k,
                         eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
-                        prefill_chunk=self.prefill_chunk, row_ids=row_ids)
+                        prefill_chunk=self.prefill_chunk, row_ids=row_ids,
+                        decode=self.decode_attention)
 
 
 @dataclasses.dataclass

@@ -698,17 +698,13 @@ class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring).
 
     num_compiles: programs compiled so far. compile_s: total seconds spent compiling.
-    unroll_layers: run a scanned model's layers unrolled (`_sampling_model`). decode: the decode's
-    attention, 'auto', 'einsum' or 'ragged' (`decode_path`).
+    unroll_layers: run a scanned model's layers unrolled (`_sampling_model`).
     """
 
-    def __init__(self, unroll_layers: bool = True, decode: str = "auto"):
-        if decode not in DECODE_ATTENTIONS:
-            raise ValueError(f"Sampler(decode={decode!r}): use one of {', '.join(DECODE_ATTENTIONS)}")
+    def __init__(self, unroll_layers: bool = True):
         self._programs: dict = {}
         self.compile_s = 0.0
         self.unroll_layers = unroll_layers  # see _sampling_model
-        self.decode = decode
 
     @property
     def num_compiles(self) -> int:
@@ -721,8 +717,11 @@ class Sampler:
     def generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  eos_token_id=None, rng=None, mesh=None,
-                 prefill_chunk: int = AUTO_CHUNK, row_ids=None) -> GenerateOutput:
+                 prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto"
+                 ) -> GenerateOutput:
         """See the module-level `generate`."""
+        if decode not in DECODE_ATTENTIONS:
+            raise ValueError(f"decode={decode!r}: use one of {', '.join(DECODE_ATTENTIONS)}")
         prompts = [list(map(int, p)) for p in prompts]
         _check_args(model, prompts, max_new_tokens, temperature, top_p, top_k, prefill_chunk)
         graphdef, state = nnx.split(model)
@@ -744,7 +743,7 @@ class Sampler:
             top_k=0 if greedy or top_k >= vocab else int(top_k),
             use_top_p=not greedy and top_p < 1.0, cache_dtype=jnp.dtype(model.dtype),
             mesh=mesh, unroll_layers=self.unroll_layers,
-            **_prefill_static(model, B // dp, Pn, prefill_chunk, self.decode, self.unroll_layers))
+            **_prefill_static(model, B // dp, Pn, prefill_chunk, decode, self.unroll_layers))
 
         pad = left_pad if static.prefill_attention == "einsum" else right_pad
         ids, mask, valid = pad(prompts, B // procs, Pn)
@@ -868,7 +867,7 @@ def compile_count() -> int:
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, eos_token_id=None,
              rng=None, mesh=None, sampler: Sampler | None = None,
-             prefill_chunk: int = AUTO_CHUNK, row_ids=None) -> GenerateOutput:
+             prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto") -> GenerateOutput:
     """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch.
 
     model: a CausalLM. prompts: list of token-id lists (each non-empty).
@@ -889,6 +888,9 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     prefill_chunk: query tokens per chunk of the einsum prefill (-1 = auto, 0 = the whole prompt
       bucket at once; see `prefill_chunk_size`); unused where the prefill is fused
       (`prefill_path`). Same tokens whatever the chunk, up to float summation order.
+    decode: the decode's attention (`decode_path`): 'auto' (the ragged decode on a GPU where it
+      runs, else einsum), 'einsum' (every cache slot) or 'ragged' (each row's tokens only; off a
+      GPU through Pallas's interpreter). Same tokens either way, up to float summation order.
 
     Returns a GenerateOutput (see there for the log-prob semantics and the timings).
     Raises ValueError on an empty prompt, a prompt + max_new_tokens longer than the model's
@@ -898,4 +900,4 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     return (sampler or DEFAULT_SAMPLER).generate(
         model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk,
-        row_ids=row_ids)
+        row_ids=row_ids, decode=decode)
