@@ -338,7 +338,7 @@ def resolve_options(options: AdvantageOptions | None, overrides: dict) -> Advant
 
 def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchors, rewards, *,
                             valid=None, options: AdvantageOptions | None = None,
-                            **overrides) -> np.ndarray:
+                            prefix_anchors=None, **overrides) -> np.ndarray:
     """Per-step advantages for a flat batch of steps, in the input order.
 
     The defaults reproduce the authors' code (verl-agent); see the module docstring and
@@ -353,6 +353,8 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
       rewards: [N] finite floats, the env's reward of each step (no penalty in it).
       valid: [N] bools, whether each step's reply held a valid action; None = all valid.
       options: an `AdvantageOptions`; or, instead, its fields as keywords (e.g. K=2, mode=...).
+      prefix_anchors: {traj_id: [anchors]} of the steps an expert-guided rollout replayed
+        before step 0 (history for hgpo's levels, no rows; `grouping.prepare_batch`) or None.
     Returns:
       float32 [N]. An empty batch gives an empty array.
     Raises:
@@ -361,7 +363,7 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
     """
     check_estimator(estimator)
     o = resolve_options(options, overrides)
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid, prefix_anchors)
     if batch.num_steps == 0:
         return np.zeros(0, np.float32)
     returns, score = penalized_returns(batch, o.gamma, o.invalid_penalty, o.penalty_placement)

@@ -73,6 +73,10 @@ class StepBatch:
       valid: bool [N]. Validity of each step's action in canonical order (all True when not given).
       num_tasks: P.
       num_anchors: number of distinct anchors.
+      prefix: int64 [T, M] or None. Each trajectory's context before its step 0, the anchor codes
+        of the M steps replayed there last (an expert-guided rollout's prefix, `rl.guide`),
+        right-aligned: prefix[tau, M - 1] is the step just before step 0; -1 where a trajectory
+        had fewer. None: no trajectory had one.
     And the linked turns' canonical layout: order int64 [N] (input row of each canonical row),
     traj_start int64 [T] (canonical row of each trajectory's step 0), traj_len int64 [T].
     """
@@ -86,6 +90,7 @@ class StepBatch:
     valid: np.ndarray
     num_tasks: int
     num_anchors: int
+    prefix: np.ndarray | None = None
 
     @property
     def order(self) -> np.ndarray:
@@ -112,12 +117,16 @@ class StepBatch:
 # Validation and canonical order
 
 
-def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=None) -> StepBatch:
+def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=None,
+                  prefix_anchors=None) -> StepBatch:
     """Validate the flat per-step arrays and put them in canonical (trajectory, step) order.
 
     Args:
       task_ids, traj_ids, anchors: [N] hashables. step_ids: [N] ints. rewards: [N] floats or None.
       valid: [N] bools (or 0/1 numbers) or None (= every step valid).
+      prefix_anchors: {traj_id: [anchors]} or None: the anchors of the steps an expert-guided
+        rollout replayed before the trajectory's step 0, in order (`StepBatch.prefix`); they are
+        history only (no rows), which `step_level_ids` reads for steps t < k.
     Returns:
       StepBatch.
     Raises:
@@ -149,6 +158,17 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
         raise ValueError(f"trajectory {_show(traj_ids, order[j])} appears under two task ids "
                          f"({_show(task_ids, order[traj_start[traj_s[j]]])} and {_show(task_ids, order[j])}); "
                          f"a trajectory belongs to exactly one task")
+    prefix = None
+    if prefix_anchors:  # anchors and prefix anchors share one code space
+        first_rows = order[traj_start]                    # input row of each trajectory's step 0
+        lists = [list(prefix_anchors.get(traj_ids[int(r)], ())) for r in first_rows]
+        width = max(map(len, lists), default=0)
+        if width:
+            codes, num_anchors = intern([*anchors, *(a for x in lists for a in x)], "anchors")
+            anchor_code, extra = codes[:len(anchors)], iter(codes[len(anchors):])
+            prefix = np.full((len(lists), width), -1, np.int64)
+            for tau, x in enumerate(lists):
+                prefix[tau, width - len(x):] = [next(extra) for _ in x]
     return StepBatch(
         turns=turns,
         traj=traj_s.astype(np.int32),
@@ -159,6 +179,7 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
         valid=turns.valid[order],
         num_tasks=num_tasks,
         num_anchors=num_anchors,
+        prefix=prefix,
     )
 
 
@@ -245,8 +266,10 @@ def step_level_ids(batch: StepBatch, K: int) -> list[tuple[np.ndarray, np.ndarra
     """Per-level dense group ids, before offsetting.
 
     Returns a list over k = 0..K of (rows int64 [N_k], ids int64 [N_k], G_k): the canonical rows
-    that have level k (step >= k), their level-k group (0..G_k-1) and the number of level-k groups.
-    Level k's group is (task, a_t, a_{t-1}, ..., a_{t-k}).
+    that have level k (step >= k, or a step t < k whose trajectory replayed at least k - t steps
+    before its step 0: `StepBatch.prefix`), their level-k group (0..G_k-1) and the number of
+    level-k groups. Level k's group is (task, a_t, a_{t-1}, ..., a_{t-k}), the anchors before step
+    0 taken from the prefix.
     """
     n = batch.num_steps
     task = batch.task_of_traj[batch.traj]
@@ -254,11 +277,22 @@ def step_level_ids(batch: StepBatch, K: int) -> list[tuple[np.ndarray, np.ndarra
     ids, g = _pair_ids(task, batch.anchor, batch.num_anchors)
     levels = [(rows, ids, g)]
     full_prev = ids  # level k-1 id per row in `rows` (rows shrink with k)
+    width = 0 if batch.prefix is None else batch.prefix.shape[1]
     for k in range(1, K + 1):
-        keep = batch.step[rows] >= k
-        rows, prev = rows[keep], full_prev[keep]
+        step = batch.step[rows]
+        before = np.full(rows.shape[0], -1, np.int64)  # the anchor t-k steps back, from the prefix
+        early = step < k
+        if width and early.any():
+            back = width - (k - step[early])           # column of step t-k in the prefix
+            ok = back >= 0
+            picked = np.full(back.shape[0], -1, np.int64)
+            picked[ok] = batch.prefix[batch.traj[rows[early][ok]], back[ok]]
+            before[early] = picked
+        keep = ~early | (before >= 0)
+        rows, prev, step, before = rows[keep], full_prev[keep], step[keep], before[keep]
         # Canonical rows are sorted by (trajectory, step), so row - k is step t-k of the same one.
-        ids, g = _pair_ids(prev, batch.anchor[rows - k], batch.num_anchors)
+        past = np.where(step >= k, batch.anchor[np.maximum(rows - k, 0)], before)
+        ids, g = _pair_ids(prev, past, batch.num_anchors)
         levels.append((rows, ids, g))
         full_prev = ids
     return levels
@@ -348,16 +382,17 @@ def level_coverage(index: GroupIndex) -> np.ndarray:
     return (size >= 2).sum(axis=0) / m
 
 
-def hierarchy_stats(task_ids, traj_ids, step_ids, anchors, K: int = 2) -> np.ndarray:
+def hierarchy_stats(task_ids, traj_ids, step_ids, anchors, K: int = 2,
+                    prefix_anchors=None) -> np.ndarray:
     """The paper's Table 5: per level k = 0..K, the fraction of steps in a level-k group of size >= 2.
 
     Args:
       task_ids, traj_ids, step_ids, anchors: [N] as for `compute_step_advantages`.
-      K: highest level.
+      K: highest level. prefix_anchors: as for `compute_step_advantages`.
     Returns:
       float64 [K+1]. Denominator: all N steps (a step with t < k counts as not grouped at level k).
       An empty batch gives zeros.
     """
     _check_K(K)
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors)
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, prefix_anchors=prefix_anchors)
     return level_coverage(build_step_groups(batch, K))

@@ -147,7 +147,12 @@ class RolloutBatch:
     each [E], for the E trajectories kept; episode_score [E] (the env's score of the episode,
     e.g. WebShop's task score; None for envs without one); num_failed episodes dropped; timing
     in seconds; prompts: the prompts encoded, prompts_cut: those cut to the policy's
-    max_prompt_tokens (0 for a policy that does not count them).
+    max_prompt_tokens (0 for a policy that does not count them). A guided rollout
+    (`collect_rollouts(prefixes=...)`): the rows are the policy's turns only (their step ids
+    count the policy's turns, 0..n-1); episode_length counts the replayed steps too, and
+    episode_prefix [E] holds them (zeros without guidance), episode_prefix_anchors [E] their
+    anchors (the history of hgpo's first policy turns); an episode the prefix ended, with no
+    policy turn, is not kept.
     """
 
     task_id: np.ndarray
@@ -171,6 +176,15 @@ class RolloutBatch:
     episode_score: np.ndarray | None = None
     prompts: int = 0
     prompts_cut: int = 0
+    episode_prefix: np.ndarray | None = None
+    episode_prefix_anchors: list | None = None
+
+    def prefix_anchors(self) -> dict | None:
+        """{traj_id: anchors replayed before its step 0} of the guided episodes (None: none;
+        `compute_step_advantages(prefix_anchors=...)`)."""
+        if not self.episode_prefix_anchors or not any(self.episode_prefix_anchors):
+            return None
+        return {int(t): list(a) for t, a in zip(self.episode_traj, self.episode_prefix_anchors) if a}
 
     def __len__(self) -> int:
         return int(self.task_id.shape[0])
@@ -266,19 +280,26 @@ class Played:
     """What `play_lockstep` leaves of its M envs' episodes, each [M]: the task text (its reset's;
     "" for an env that failed there), whether it was won, whether the pool failed it, and its
     score after its last turn (`score` None for an env without one, `EnvSpec.score_key`; an
-    entry None for an env that played no turn); timing: the loop's seconds per phase."""
+    entry None for an env that played no turn); timing: the loop's seconds per phase.
+    prefix_steps, prefix_reward, prefix_anchors: the expert steps replayed before the policy
+    played (`prefixes`), the training reward they earned and the anchors of the observations
+    they were played from, in order (zeros and empty lists without a prefix)."""
 
     task: list[str]
     won: list[bool]
     failed: list[bool]
     score: list | None
     timing: dict
+    prefix_steps: list[int] = dataclasses.field(default_factory=list)
+    prefix_reward: list[float] = dataclasses.field(default_factory=list)
+    prefix_anchors: list[list] = dataclasses.field(default_factory=list)
 
 
 def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int, memory_len: int,
                   on_turn: Callable[[PlayedTurn], None], *, rng=0, spec: EnvSpec | None = None,
                   agent: Agent | None = None, together: bool = True,
-                  progress: bool = False) -> Played:
+                  progress: bool = False, prefixes: Sequence[Sequence[str]] | None = None
+                  ) -> Played:
     """The rollout's loop, the one place that plays: env i of `env_pool` runs `env_tasks[i]` for
     at most `max_steps` steps, all envs in lockstep (see the module docstring); `on_turn(turn)`
     sees each env turn the pool did not fail (`PlayedTurn`), in env order within a step, before
@@ -287,7 +308,15 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     rng: int seed or PRNG key, split per step. together: this process plays in lockstep with the
     others of a multi-process run (each reply drawn with its env's global index as the row id;
     the loop ends when no env is left on any process); else alone (row ids: the pool's indices).
-    spec, agent: as `collect_rollouts`'."""
+    spec, agent: as `collect_rollouts`'.
+
+    prefixes: env i's expert actions to replay first (expert-guided rollouts, `rl.guide`; None
+    or [] for none): after the reset they are sent to the env as they are, step j of every env
+    that has one together, each kept in the memory as a turn of the agent's own (`replay_prefix`);
+    they earn the episode its rewards and may win or end it, but `on_turn` never sees them (they
+    are no rows). The policy then plays the env's remaining `max_steps - len(prefix)` steps, its
+    turns numbered from 0 (`PlayedTurn.step`: the rows' step ids; the replayed steps are their
+    history, `Played.prefix_anchors`)."""
     import jax
 
     num_envs = len(env_tasks)
@@ -310,10 +339,40 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     history: list[list[Turn]] = [[] for _ in range(num_envs)]
     won = [False] * num_envs
     score = [None] * num_envs
+    start = [0] * num_envs               # each env's first policy step (its prefix's length)
+    prefix_reward = [0.0] * num_envs
+    prefix_anchors: list[list] = [[] for _ in range(num_envs)]
+
+    def record(i: int, r: EnvReply) -> None:  # an env's answer to a turn played (prefix or policy)
+        obs[i], infos[i] = r.obs, r.info
+        won[i] = won[i] or bool(r.info.get("won", False))
+        if spec.score_key is not None:
+            score[i] = float(r.info.get(spec.score_key, 0.0))
+        if r.done:
+            running[i] = False
+
+    if prefixes is not None:
+        if len(prefixes) != num_envs:
+            raise ValueError(f"prefixes: one list of actions per env, {num_envs}, not {len(prefixes)}")
+        t1 = time.perf_counter()
+        for j in range(min(max(map(len, prefixes), default=0), max_steps)):
+            actions = {i: prefixes[i][j] for i in range(num_envs) if running[i] and j < len(prefixes[i])}
+            if not actions:
+                break
+            for i, r in env_pool.step(actions).items():
+                if r.failed:
+                    failed[i], running[i] = True, False
+                    continue
+                history[i].append(agent.remember(obs[i], replayed_reply(actions[i])))
+                prefix_anchors[i].append(infos[i]["anchor"])
+                prefix_reward[i] += float(spec.train_reward(r.reward, r.info))
+                start[i] = j + 1
+                record(i, r)
+        timing["prefix"] = time.perf_counter() - t1
 
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
-        active = [i for i in range(num_envs) if running[i]]
+        active = [i for i in range(num_envs) if running[i] and start[i] + t < max_steps]
         # processes sample together (one SPMD program): one with no env left still takes part
         if not (any_process(bool(active)) if together else active):
             break
@@ -343,22 +402,27 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
                                list(out.logprobs[j]), texts[i], parsed[i], r,
                                float(spec.train_reward(r.reward, r.info))))
             history[i].append(agent.remember(obs[i], parsed[i]))
-            obs[i], infos[i] = r.obs, r.info
-            won[i] = won[i] or bool(r.info.get("won", False))
-            if spec.score_key is not None:
-                score[i] = float(r.info.get(spec.score_key, 0.0))
-            if r.done:
-                running[i] = False
+            record(i, r)
         bar.update(1)
     bar.close()
-    return Played(task_text, won, failed, score if spec.score_key is not None else None, timing)
+    return Played(task_text, won, failed, score if spec.score_key is not None else None, timing,
+                  prefix_steps=start, prefix_reward=prefix_reward, prefix_anchors=prefix_anchors)
+
+
+def replayed_reply(action: str) -> Reply:
+    """An expert action replayed in a guided rollout as the agent's memory keeps it: the action
+    as sent, valid, and no plan (a plan-execute agent's next turn finds no sub-goal carried, as
+    at an episode's start, and writes its own)."""
+    return Reply(action, True, "")
 
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
                      memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
-                     agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
+                     agent: Agent | None = None, progress: bool = False,
+                     prefixes: Sequence[Sequence[str]] | None = None) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each
-    (`play_lockstep`, one row per env turn).
+    (`play_lockstep`, one row per env turn of the policy's). prefixes: expert actions to replay
+    before the policy plays, one list per env (`play_lockstep`; None: none).
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
     sampling (split per step; each env's replies are drawn with its global index as the row id,
@@ -381,7 +445,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     turns: list[PlayedTurn] = []
     played = play_lockstep(policy, env_pool, [tasks[i // group_size] for i in range(num_envs)],
                            max_steps, memory_len, turns.append, rng=rng, spec=spec, agent=agent,
-                           progress=progress)
+                           progress=progress, prefixes=prefixes)
     batch = _to_batch(turns, played, group_size)
     if cuts is not None:
         batch.prompts, batch.prompts_cut = cuts.prompts - cuts_before[0], cuts.cut - cuts_before[1]
@@ -408,7 +472,8 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
     turns = [t for t in turns if not played.failed[t.env]]
     traj = [t.env for t in turns]
     kept = sorted(set(traj))
-    length = {i: 0 for i in kept}
+    prefix = played.prefix_steps or [0] * len(played.won)
+    length = {i: prefix[i] for i in kept}
     ttype = {}
     for t in turns:
         length[t.env] += 1
@@ -430,7 +495,10 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
         episode_task_type=[ttype[i] for i in kept],
         episode_length=np.asarray([length[i] for i in kept], np.int64),
         num_failed=int(sum(played.failed)), timing=played.timing,
-        episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64))
+        episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64),
+        episode_prefix=np.asarray([prefix[i] for i in kept], np.int64),
+        episode_prefix_anchors=[list(played.prefix_anchors[i]) if played.prefix_anchors else []
+                                for i in kept])
 
 
 def mean_and_sem(values: Sequence[float]) -> tuple[float, float]:
