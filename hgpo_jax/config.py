@@ -35,6 +35,7 @@ import yaml
 from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, AdamWOptions, Options,
                                   algorithm_names, algorithm_spec, one_score_conflict)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
+from hgpo_jax.guidance_specs import GuidanceOptions
 from hgpo_jax.config_checks import (EVAL_PROTOCOLS, SCHEDULES, ConfigError, allowed_values,
                                     check_algo_keys, cross_section_problems, env_rewards,
                                     env_splits, field_types, section_switch_error, set_field,
@@ -303,6 +304,12 @@ class SftConfig(Options):
 
 
 @dataclass
+class GuidanceConfig(GuidanceOptions):
+    """Expert-guided rollouts (Agent-G², `hgpo_jax.guidance_specs`, docs/guidance.md): off by
+    default; any algorithm may take them."""
+
+
+@dataclass
 class MeshConfig(Options):
     """Device mesh axes (data, fsdp, tensor); their product is the device count."""
 
@@ -346,6 +353,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
     sft: SftConfig = field(default_factory=SftConfig)  # supervised warm start
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (algo.estimator=ppo)
+    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)  # expert-guided rollouts
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
     dist: DistConfig = field(default_factory=DistConfig)  # multi-process time-outs
 

@@ -205,6 +205,16 @@ def env_splits(name: str) -> tuple[str, ...]:
     return get_env(name).splits if name in env_names() else ()
 
 
+def env_has_experts(name: str) -> bool | None:
+    """Whether env `name` records expert trajectories for guided rollouts (its registry entry's
+    `expert_trajectories`); None for an unknown env (its name is reported instead)."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    if name not in env_names():
+        return None
+    return getattr(get_env(name), "expert_trajectories", None) is not None
+
+
 def _env_eval_splits(name: str) -> tuple[str, ...]:
     """The default evaluation splits of env `name` (none for an unknown env)."""
     from hgpo_jax.envs.registry import env_names, get_env
@@ -227,6 +237,28 @@ def _agent_spec(name: str):
 
 
 # ------------------------------------------------------------------------------------- rules
+ALFWORLD_ONLY_GUIDANCE = ("the authors allow it on ALFWorld only", "alfworld")
+
+
+def guidance_problems(cfg, p: Problems) -> None:
+    """The `guidance` section against the env: an env with expert trajectories to replay; the
+    uniform draw and a prefix of the whole expert on ALFWorld only (as the authors')."""
+    g, e = cfg.guidance, cfg.env
+    if not g.enable:
+        return
+    has = env_has_experts(e.name)
+    if has is False:
+        p.add(f"guidance.enable=true: env {e.name!r} records no expert trajectories to replay "
+              "(`EnvSpec.expert_trajectories`); turn guidance off or use an env that has them "
+              "(alfworld, webshop, toy)")
+    why, env = ALFWORLD_ONLY_GUIDANCE
+    if e.name != env:
+        p.check(g.prefix_sample_mode != "uniform_fixed", "guidance.prefix_sample_mode",
+                g.prefix_sample_mode, f"gaussian on env {e.name!r} (uniform_fixed: {why})")
+        p.check(not g.allow_full_prefix, "guidance.allow_full_prefix", g.allow_full_prefix,
+                f"false on env {e.name!r} ({why})")
+
+
 def cross_section_problems(cfg, p: Problems) -> None:
     """The rules over two sections of `cfg` (a `Config`), added to `p`: group sizes and the agent
     the algorithm allows, the agent's prompts and reply rules for the env, the longest row in a
@@ -273,6 +305,8 @@ def cross_section_problems(cfg, p: Problems) -> None:
               f"min(sft.batch_size, train.micro_batch_size) = "
               f"{min(f.batch_size, t.micro_batch_size)}; set sft.batch_size={below} or "
               f"{above} (a multiple of {t.micro_batch_size} runs {t.micro_batch_size}-row micro-batches)")
+
+    guidance_problems(cfg, p)
 
     m = cfg.mesh
     data_parallel = m.data * m.fsdp  # every micro-batch is split over both axes

@@ -44,6 +44,7 @@ from hgpo_jax.rl.batching import (PolicyRows, TokenRows, budget_ladder, fixed_mi
 from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budget_update,
                                make_logprob_fn, on_mesh)
+from hgpo_jax.rl.guide import Guide, Plan
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import Run
 
@@ -243,11 +244,19 @@ class Trainer(Run):
             self.agent = get_agent(cfg.agent.name, cfg.env.name, projection=cfg.env.projection)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
+            self.guide = self._guide() if cfg.guidance.enable else None
             if resume:
                 self.restore()
         except BaseException:
             self.close()
             raise
+
+    def _guide(self) -> Guide:
+        """The run's expert guidance (`rl.guide`): the experts of the training split's tasks
+        (recorded through the env once, then cached), their clusters and the schedule."""
+        cfg = self.cfg
+        experts = self.env_spec.expert_trajectories(cfg.env, cfg.env.split, progress=self.progress)
+        return Guide(experts, self.tokenizer.encode, cfg.guidance, cfg.env.max_steps)
 
     @property
     def iteration(self) -> int:
@@ -275,7 +284,9 @@ class Trainer(Run):
         item = self.algorithm.state_item
         if item is not None:
             arrays[item] = self.algorithm.state_arrays(self.state.algo_state)
-        return arrays, {**meta, **self.loop.to_meta(), "key": np.asarray(self.state.key).tolist()}
+        guide = {"guidance": self.guide.state_dict()} if self.guide is not None else {}
+        return arrays, {**meta, **self.loop.to_meta(), **guide,
+                        "key": np.asarray(self.state.key).tolist()}
 
     def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
         super().load_checkpoint_tree(arrays, meta)
@@ -284,6 +295,8 @@ class Trainer(Run):
         self.state = self.state.replace(algo_state=algo_state,
                                         key=jnp.asarray(meta["key"], jnp.uint32))
         self.loop.load_meta(meta)
+        if self.guide is not None and "guidance" in meta:
+            self.guide.load_state_dict(meta["guidance"])
 
     def policy(self, temperature: float) -> Policy:
         return Policy.of_rollout(self.model(), self.tokenizer, self.cfg.rollout, temperature)
@@ -293,10 +306,16 @@ class Trainer(Run):
         """One iteration; in a multi-process run every process runs it at once on its own groups
         (`self.groups`) and returns the same, global metrics."""
         t0 = time.perf_counter()
-        batch = self.collect()
+        batch, plans = self.collect()
+        retries = self.cfg.guidance.empty_policy_rollout_retry_limit if self.guide else 0
+        metrics = self._rollout_metrics(batch)
+        while metrics["rollout/steps"] == 0 and retries > 0:  # every prefix ended its episode
+            retries -= 1
+            batch, plans = self.collect(same_tasks=True)
+            metrics = self._rollout_metrics(batch)
+        if self.guide is not None:  # the schedule learns from the rollouts, before the advantages
+            metrics.update(self.guide.update(plans, *self._kept_episodes(batch)))
         t_rollout = time.perf_counter()
-        metrics = (summary_metrics(dist.allgather_json(batch.summary())) if self.procs > 1
-                   else batch.metrics())
         if metrics["rollout/steps"] == 0:
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
@@ -319,16 +338,40 @@ class Trainer(Run):
                         / max(t_rollout - t0, 1e-9)})
         return metrics
 
-    def collect(self) -> RolloutBatch:
-        """Stage 1: this process's groups of rollouts (the next tasks, the next rollout key)."""
+    def collect(self, same_tasks: bool = False) -> tuple[RolloutBatch, list[Plan] | None]:
+        """Stage 1: this process's groups of rollouts (the next tasks, the next rollout key),
+        and with guidance every rollout's plan (`rl.guide.Guide.plan`: drawn for the
+        iteration's tasks of every process alike; this process replays its own). same_tasks:
+        the last call's tasks again (a guided batch redrawn)."""
         cfg, r = self.cfg, self.cfg.rollout
         key, rollout_key = jax.random.split(self.state.key)
         self.state = self.state.replace(key=key)
         lo, hi = self.groups
-        tasks = self.loop.tasks.next(r.num_groups)[lo:hi]
-        return collect_rollouts(self.policy(r.temperature), self.pool, tasks, r.group_size,
-                                cfg.env.max_steps, cfg.env.memory_len, rng=rollout_key,
-                                spec=self.env_spec, agent=self.agent, progress=self.progress)
+        if not same_tasks:
+            self._tasks = self.loop.tasks.next(r.num_groups)
+        plans = None if self.guide is None else self.guide.plan(self._tasks, r.group_size)
+        prefixes = None if plans is None else Guide.prefixes(plans[lo * r.group_size:
+                                                                   hi * r.group_size])
+        batch = collect_rollouts(self.policy(r.temperature), self.pool, self._tasks[lo:hi],
+                                 r.group_size, cfg.env.max_steps, cfg.env.memory_len,
+                                 rng=rollout_key, spec=self.env_spec, agent=self.agent,
+                                 progress=self.progress, prefixes=prefixes)
+        return batch, plans
+
+    def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """The rollout's metrics over every process's batch."""
+        return (summary_metrics(dist.allgather_json(batch.summary())) if self.procs > 1
+                else batch.metrics())
+
+    def _kept_episodes(self, batch: RolloutBatch) -> tuple[list[int], list[bool]]:
+        """(rollout index in the iteration, won) of every kept episode of every process, in
+        batch order (process by process): what the guidance schedule updates from."""
+        first = self.groups[0] * self.cfg.rollout.group_size
+        mine = ([first + int(i) for i in batch.episode_traj], batch.episode_won.tolist())
+        if self.procs == 1:
+            return mine
+        parts = dist.allgather_json(list(mine))
+        return [i for p in parts for i in p[0]], [w for p in parts for w in p[1]]
 
     def step_rows(self, batch: RolloutBatch) -> StepRows:
         """Stage 2: the step rows packed (every process to the same [S, L], feeding S / P rows of

@@ -1,0 +1,94 @@
+"""Expert guidance's options (Agent-G², issue 50), declared once with their checks (no JAX).
+
+    ScheduleOptions(sigma_mode="dynamic_sigma")   # the schedule's options (rl.guidance)
+    GuidanceOptions(enable=True)                   # the config's `guidance` section: all of them
+
+Agent-G² (Wang, Miao et al. 2026) replays the first steps of an expert trajectory before each
+rollout; how deep is drawn per task from a Gaussian whose centre and spread are estimated online
+per difficulty cluster (`hgpo_jax.rl.guidance`, docs/guidance.md). Its options keep the authors'
+key names (their `gmsv:` block, ZJU-REAL/Agent-G2 at 1df588f) and their yaml's defaults;
+`experiments/configs/g2_*` set their scripts' values. The config sits below the RL core, so the
+declarations live here, below both, beside `algo_specs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from hgpo_jax.algo_specs import Options
+from hgpo_jax.problems import Problems, is_int
+
+SIGMA_MODES = ("fixed_sigma", "dynamic_sigma")  # the authors': any mode but fixed is dynamic
+SAMPLE_MODES = ("gaussian", "uniform_fixed")
+GROUP_MODES = ("auto", "short_medium_long", "webshop_3")
+
+
+@dataclass
+class ScheduleOptions(Options):
+    """The schedule's options (`rl.guidance.GaussianSchedule`), the authors' names and defaults.
+
+    Centre of cluster k: mu_k = clip(mu_global + lambda_value (0.5 - A_k), 0, max_length); spread:
+    fixed_sigma, or max(sigma_min, gamma V_k) (the variance EMA itself, as the authors'); mu_global
+    moves by global_step_delta when the batch's success is below batch_acc_low (up) or above
+    batch_acc_high (down), within [mu_global_min, mu_global_max]."""
+
+    sigma_mode: str = "fixed_sigma"  # fixed_sigma | dynamic_sigma (max(sigma_min, gamma * V_k))
+    mu_global_init: float = 0.8  # the global centre's start (clipped to [min, max])
+    mu_global_min: float = 0.0
+    mu_global_max: float = 0.8
+    global_step_delta: float = 0.1  # mu_global's step after a batch too easy or too hard
+    batch_acc_low: float = 0.4  # a batch's success below this: deeper prefixes (mu_global up)
+    batch_acc_high: float = 0.6  # above this: shallower (mu_global down)
+    alpha: float = 0.2  # the EMAs' weight of a new batch (A_k, V_k)
+    lambda_value: float = 0.3  # how far a cluster's success moves its centre from mu_global
+    max_length: float = 0.8  # the largest prefix ratio (of the expert's tokens)
+    sigma_min: float = 0.1  # dynamic_sigma's floor
+    gamma: float = 1.0  # dynamic_sigma's factor of V_k
+    fixed_sigma: float = 0.25  # fixed_sigma's spread
+    prefix_sample_mode: str = "gaussian"  # gaussian | uniform_fixed (ALFWorld only, as the authors')
+    uniform_half_width: float = 0.25  # uniform_fixed's half width (>= 0)
+    no_prefix_when_mu_zero: bool = False  # no prefix for a cluster whose centre is 0 (no control)
+    frozen_no_prefix_baseline: bool = False  # never a prefix, nothing learned (a control run)
+    train_no_prefix_ratio: float = 0.0  # share of training tasks drawn without a prefix (controls)
+    initial_group_accuracy: float = 0.0  # A_k's start
+    initial_group_variance: float = 0.0  # V_k's start
+    seed: int = 1  # the schedule's NumPy generator (not checkpointed, as the authors')
+
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("sigma_mode", self.sigma_mode, SIGMA_MODES)
+        p.check(self.mu_global_min <= self.mu_global_max, "mu_global_min", self.mu_global_min,
+                f"at most mu_global_max ({self.mu_global_max})")
+        for name in ("global_step_delta", "sigma_min", "gamma", "fixed_sigma", "max_length",
+                     "uniform_half_width"):
+            p.non_negative(name, getattr(self, name))
+        p.in_range("alpha", self.alpha, 0, 1, "in [0, 1]")
+        p.in_range("train_no_prefix_ratio", self.train_no_prefix_ratio, 0, 1, "in [0, 1]")
+        p.one_of("prefix_sample_mode", self.prefix_sample_mode, SAMPLE_MODES)
+        p.check(is_int(self.seed) and self.seed >= 0, "seed", self.seed, ">= 0 (an int)")
+
+    @classmethod
+    def of(cls, options) -> ScheduleOptions:
+        """The schedule's options of any object holding these fields (the `guidance` section)."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
+
+
+@dataclass
+class GuidanceOptions(ScheduleOptions):
+    """The config's `guidance` section: expert-guided rollouts for any algorithm (off by
+    default), the schedule's options and how the experts are clustered and replayed."""
+
+    enable: bool = False  # replay an expert prefix before each training rollout
+    difficulty_group_mode: str = "auto"  # auto (balanced clusters) | short_medium_long | webshop_3
+    num_difficulty_groups: int = 5  # auto's clusters (the authors' ALFWorld script: 5)
+    allow_full_prefix: bool = False  # let a prefix hold the expert's last step (ALFWorld only)
+    share_prefix_within_group: bool = True  # one draw per task, shared by its group's rollouts
+    empty_policy_rollout_retry_limit: int = 3  # redraws when no env of a batch played a turn
+
+    def _own_problems(self, p: Problems) -> None:
+        p.one_of("difficulty_group_mode", self.difficulty_group_mode, GROUP_MODES)
+        p.check(is_int(self.num_difficulty_groups) and self.num_difficulty_groups >= 1,
+                "num_difficulty_groups", self.num_difficulty_groups, ">= 1 (an int)")
+        p.check(is_int(self.empty_policy_rollout_retry_limit)
+                and self.empty_policy_rollout_retry_limit >= 0,
+                "empty_policy_rollout_retry_limit", self.empty_policy_rollout_retry_limit,
+                ">= 0 (an int)")
