@@ -56,13 +56,12 @@ class ScheduleOptions(Options):
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("sigma_mode", self.sigma_mode, SIGMA_MODES)
-        p.check(self.mu_global_min <= self.mu_global_max, "mu_global_min", self.mu_global_min,
-                f"at most mu_global_max ({self.mu_global_max})")
-        for name in ("global_step_delta", "sigma_min", "gamma", "fixed_sigma", "max_length",
-                     "uniform_half_width"):
-            p.non_negative(name, getattr(self, name))
-        p.in_range("alpha", self.alpha, 0, 1, "in [0, 1]")
-        p.in_range("train_no_prefix_ratio", self.train_no_prefix_ratio, 0, 1, "in [0, 1]")
+        for name in ("mu_global_init", "mu_global_min", "mu_global_max", "global_step_delta",
+                     "batch_acc_low", "batch_acc_high", "alpha", "lambda_value", "max_length",
+                     "sigma_min", "gamma", "fixed_sigma", "train_no_prefix_ratio",
+                     "initial_group_accuracy", "initial_group_variance"):
+            p.finite(name, getattr(self, name))  # as the authors' (e.g. max_length < 0: no prefix)
+        p.non_negative("uniform_half_width", self.uniform_half_width)
         p.one_of("prefix_sample_mode", self.prefix_sample_mode, SAMPLE_MODES)
         p.check(is_int(self.seed) and self.seed >= 0, "seed", self.seed, ">= 0 (an int)")
 

@@ -63,9 +63,9 @@ from typing import Any
 
 import numpy as np
 
-SIGMA_MODES = ("fixed_sigma", "dynamic_sigma")
-SAMPLE_MODES = ("gaussian", "uniform_fixed")
-DIFFICULTY_MODES = ("auto", "short_medium_long", "webshop_3")
+from hgpo_jax.guidance_specs import GROUP_MODES, SAMPLE_MODES, SIGMA_MODES, ScheduleOptions
+
+DIFFICULTY_MODES = GROUP_MODES
 MIN_SCALE = 1e-8  # the Gaussian's smallest scale (sigma 0 would make NumPy return mu itself)
 
 
@@ -96,57 +96,20 @@ def _clip(value: float, low: float, high: float) -> float:
     return max(low, min(high, value))
 
 
-@dataclasses.dataclass(frozen=True)
-class ScheduleOptions:
-    """The schedule's options: the authors' key names, the defaults of their yaml.
-
-    Built from keywords, values are converted the authors' way (float / int / str); flags must be
-    booleans (or 0/1). Raises ValueError on a bad value, naming it.
-    """
-
-    sigma_mode: str = "fixed_sigma"  # fixed_sigma: sigma_k = fixed_sigma; dynamic_sigma: V_k based
-    mu_global_init: float = 0.8
-    mu_global_min: float = 0.0
-    mu_global_max: float = 0.8
-    global_step_delta: float = 0.1  # mu_global's step after each batch
-    batch_acc_low: float = 0.4  # batch success below: mu_global += delta
-    batch_acc_high: float = 0.6  # batch success above: mu_global -= delta
-    alpha: float = 0.2  # the EMAs' weight of the new batch
-    lambda_value: float = 0.3  # mu_k = mu_global + lambda (0.5 - A_k)
-    max_length: float = 0.8  # the largest ratio (and mu_k's upper clip)
-    sigma_min: float = 0.1
-    gamma: float = 1.0  # sigma_k = max(sigma_min, gamma V_k) in dynamic_sigma
-    fixed_sigma: float = 0.25
-    prefix_sample_mode: str = "gaussian"  # or uniform_fixed: U(mu_k -+ uniform_half_width)
-    uniform_half_width: float = 0.25
-    no_prefix_when_mu_zero: bool = False
-    frozen_no_prefix_baseline: bool = False
-    train_no_prefix_ratio: float = 0.0  # the share of training tasks played as controls
-    initial_group_accuracy: float = 0.0
-    initial_group_variance: float = 0.0
-    seed: int = 1
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            object.__setattr__(self, field.name, _convert(field.name, value, field.type))
-        if self.sigma_mode not in SIGMA_MODES:
-            raise ValueError(f"sigma_mode={self.sigma_mode!r}: expected one of {SIGMA_MODES}")
-        if self.prefix_sample_mode not in SAMPLE_MODES:
-            raise ValueError(f"prefix_sample_mode={self.prefix_sample_mode!r}: expected one of "
-                             f"{SAMPLE_MODES}")
-        if self.uniform_half_width < 0.0:
-            raise ValueError(f"uniform_half_width={self.uniform_half_width}: must be >= 0")
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> ScheduleOptions:
-        """The options from a mapping of the authors' key names; an unknown name is a TypeError
-        that names it and the known ones."""
-        unknown = [name for name in options if name not in SCHEDULE_OPTION_NAMES]
-        if unknown:
-            raise TypeError(f"unknown guidance schedule option(s) {unknown}; known: "
-                            f"{list(SCHEDULE_OPTION_NAMES)}")
-        return cls(**options)
+def schedule_options(options: Mapping[str, Any]) -> ScheduleOptions:
+    """The schedule's options (`guidance_specs.ScheduleOptions`, declared there once for the
+    config's `guidance` section too) from a mapping of the authors' key names: an unknown name is
+    a TypeError that names it and the known ones; values are converted the authors' way (float /
+    int / str; flags booleans or 0/1) and checked, a bad one a ValueError naming it."""
+    unknown = [name for name in options if name not in SCHEDULE_OPTION_NAMES]
+    if unknown:
+        raise TypeError(f"unknown guidance schedule option(s) {unknown}; known: "
+                        f"{list(SCHEDULE_OPTION_NAMES)}")
+    kinds = {f.name: f.type for f in dataclasses.fields(ScheduleOptions)}
+    built = ScheduleOptions(**{name: _convert(name, value, kinds[name])
+                               for name, value in options.items()})
+    built.check()
+    return built
 
 
 SCHEDULE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ScheduleOptions))
@@ -328,7 +291,7 @@ class GaussianSchedule:
         if (isinstance(num_groups, (bool, np.bool_))
                 or not isinstance(num_groups, numbers.Integral) or num_groups < 1):
             raise ValueError(f"num_groups={num_groups!r}: expected an integer >= 1")
-        self.options = ScheduleOptions.from_options(options)
+        self.options = schedule_options(options)
         self.num_groups = int(num_groups)
         o = self.options
         self._rng = np.random.default_rng(o.seed)
