@@ -28,6 +28,7 @@ from functools import lru_cache
 from hgpo_jax.envs import data
 from hgpo_jax.envs.data import cache_root, candidate_archives
 from hgpo_jax.envs.episodes import Episode, load_episodes, play_episode, save_episodes, spread
+from hgpo_jax.envs.experts import ExpertLog, chosen_tasks, experts_folder, record_missing, won_actions
 from hgpo_jax.envs.prompts import task_from_observation
 
 SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
@@ -432,13 +433,75 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     return cached_alfworld_episodes(split, n, env_cfg.data_dir, progress=progress, kind=kind)
 
 
+# --------------------------------------------------------------------------- expert trajectories
+# The hand-coded expert's actions per game, for expert-guided rollouts (hgpo_jax.envs.experts).
+# Raise EXPERT_RECORDER_VERSION whenever a change could alter what is recorded (the expert, its
+# seeding, the engine wrappers): the log's name holds it, so older recordings are not reused.
+EXPERT_RECORDER_VERSION = 1
+EXPERT_SEED = 0  # SearchExpert's seed on every game (what alfworld_episodes gives a game alone)
+EXPERT_MAX_STEPS = 50  # the expert's step budget while recording (seed 0 has won in up to 27)
+
+
+def expert_log_path() -> str:
+    """The log of the hand-coded expert's games: one for all splits (a game is keyed by its
+    trial folder, unique over the release, and its file's sha256)."""
+    name = f"search-seed{EXPERT_SEED}-steps{EXPERT_MAX_STEPS}-r{EXPERT_RECORDER_VERSION}.jsonl"
+    return os.path.join(experts_folder("alfworld"), name)
+
+
+def trial_of(game_path: str) -> str:
+    """The game's trial folder name (`trial_T...`, the folder holding its game.tw-pddl)."""
+    return os.path.basename(os.path.dirname(os.path.abspath(game_path)))
+
+
+def expert_key(game_path: str) -> str:
+    """A game's key in the expert log: `trial_T...@<sha256 of the game file, 16 hex>`, so a game
+    file whose content changed (another data release) is recorded again."""
+    import hashlib
+
+    with open(game_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return f"{trial_of(game_path)}@{digest[:16]}"
+
+
+def _play_search_expert(env: AlfworldEnv, game: str) -> dict:
+    """The log record of the hand-coded expert on `game` (seed EXPERT_SEED)."""
+    episode = _search_episode(env, game, EXPERT_SEED, EXPERT_MAX_STEPS)
+    actions = [step.action for step in episode.steps] if episode is not None else []
+    return {"won": bool(episode is not None and episode.won), "actions": actions,
+            "trial": trial_of(game), "task_type": task_type_of(game)}
+
+
+def search_expert_actions(games: Sequence[str], *, workers: int = 1,
+                          progress: bool = False) -> dict[str, tuple[str, ...]]:
+    """{game path: the hand-coded expert's actions} for the games of `games` it wins, played
+    through the engine once and kept in the log (expert_log_path); games already there are read
+    back, the others played (by `workers` processes), each written as soon as it ends."""
+    import functools
+
+    jobs = {expert_key(game): game for game in games}
+    records = record_missing(
+        ExpertLog(expert_log_path()), jobs, _play_search_expert,
+        functools.partial(AlfworldEnv, max_steps=EXPERT_MAX_STEPS, facts=True),
+        workers=workers, progress=progress, desc="alfworld experts")
+    return won_actions(records, jobs)
+
+
+def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers: int = 1,
+                         tasks: Sequence[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """The registry's expert_trajectories: the hand-coded expert (kind "search") on the split's
+    games, keyed by game path (the env's task ids)."""
+    games = chosen_tasks(list_games(split, env_cfg.data_dir), tasks, "alfworld", split)
+    return search_expert_actions(games, workers=workers, progress=progress)
+
+
 def _env_specs() -> dict:
     from hgpo_jax.envs.registry import EnvSpec
 
     return {"alfworld": EnvSpec(
         name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=tuple(EVAL_SPLITS.values()), record_episodes=_record_episodes,
-        episode_kinds=ALFWORLD_KINDS)}
+        episode_kinds=ALFWORLD_KINDS, expert_trajectories=_expert_trajectories)}
 
 
 ENV_SPECS = _env_specs()

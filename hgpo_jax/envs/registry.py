@@ -41,7 +41,16 @@ class EnvSpec:
     record_episodes(env_cfg, split, n, kind, *, seed, progress) -> n recorded episodes of a
     split for `sft` (hgpo_jax.sft.data.Episode), None: the env records none;
     episode_kinds: the kinds `record_episodes` records (`sft.data`'s KIND names, e.g. "expert",
-    "random"), checked before anything is recorded.
+    "random"), checked before anything is recorded;
+    expert_trajectories(env_cfg, split, *, progress=False, workers=1, tasks=None) ->
+    {task id: (action, ...)}: for every task of `split` (the ids `list_tasks` gives; `tasks`: a
+    subset of them) that has an expert, the expert's action strings in order, as the env takes
+    them (expert-guided rollouts replay them as is). Recorded by playing the expert through the
+    env itself; only episodes it wins count, and a task without one is absent (unmatched).
+    Recordings are kept under `cache_root()/<env>/experts/` (hgpo_jax.envs.experts), keyed so
+    that another recorder version or data set is recorded afresh, and an interrupted recording
+    resumes; progress: a progress bar; workers: worker processes for a slow recording. A missing
+    data set raises FileNotFoundError saying how to get it. None: the env has no expert.
     """
 
     name: str
@@ -54,6 +63,7 @@ class EnvSpec:
     score_key: str | None = None
     record_episodes: Callable | None = None
     episode_kinds: tuple[str, ...] = ()
+    expert_trajectories: Callable | None = None
 
 
 @lru_cache(maxsize=1)

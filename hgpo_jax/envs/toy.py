@@ -181,13 +181,37 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                         max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
 
 
+# --------------------------------------------------------------------------- expert trajectories
+EXPERT_MAX_STEPS = 50  # the step budget the scripted solution is checked under (it takes 3-5)
+
+
+def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers: int = 1,
+                         tasks=None) -> dict[int, tuple[str, ...]]:
+    """The registry's expert_trajectories: each task's scripted solution (`solution()`), played
+    to check it wins. Instant, so nothing is kept on disk; progress and workers are unused."""
+    from hgpo_jax.envs.experts import chosen_tasks
+
+    if split not in SPLITS:
+        raise ValueError(f"unknown toy split {split!r}; use one of {SPLITS}")
+    env = ToyMemoryEnv(max_steps=EXPERT_MAX_STEPS, **env_kwargs(env_cfg.name))
+    out = {}
+    for task in chosen_tasks(_list_tasks(env_cfg, split), tasks, env_cfg.name, split):
+        env.reset(task)
+        plan = env.solution()
+        episode = play_episode(env, task, lambda obs, info, t: plan[t], len(plan))
+        if episode.won:
+            out[task] = tuple(plan)
+    return out
+
+
 def _env_specs() -> dict:
     from hgpo_jax.envs.registry import EnvSpec
 
     return {name: EnvSpec(
         name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
-        record_episodes=_record_episodes, episode_kinds=TOY_KINDS)
+        record_episodes=_record_episodes, episode_kinds=TOY_KINDS,
+        expert_trajectories=_expert_trajectories)
         for name in ("toy", "toy-history")}
 
 

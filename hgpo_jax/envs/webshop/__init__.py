@@ -14,6 +14,8 @@ Splits, as verl-agent's: "test" is goals 0..499 of the seed's order, "train" goa
 
 from __future__ import annotations
 
+import os
+
 from hgpo_jax.envs.webshop.engine import WebShopEngine, shared_engine
 from hgpo_jax.envs.webshop.env import WebShopEnv
 
@@ -93,13 +95,63 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     return out
 
 
+# --------------------------------------------------------------------------- expert trajectories
+# One direct purchase per goal (expert.purchase_actions), for expert-guided rollouts
+# (hgpo_jax.envs.experts). Raise EXPERT_RECORDER_VERSION whenever a change could alter what is
+# recorded: the log's name holds it, the env seed and the data's digest.
+EXPERT_RECORDER_VERSION = 1
+
+
+def expert_log_path(seed: int, data_folder: str) -> str:
+    """The log of the direct purchases of env seed `seed`'s goals on the data in `data_folder`."""
+    from hgpo_jax.envs.experts import experts_folder
+    from hgpo_jax.envs.webshop.data import data_digest
+
+    name = f"purchase-seed{seed}-{data_digest(data_folder)}-r{EXPERT_RECORDER_VERSION}.jsonl"
+    return os.path.join(experts_folder("webshop"), name)
+
+
+def _play_purchase(env: WebShopEnv, task: int) -> dict:
+    """The log record of the direct purchase of goal `task`: won when it scores 1."""
+    from hgpo_jax.envs.episodes import play_episode
+    from hgpo_jax.envs.webshop.expert import purchase_actions, webshop_target_key
+
+    goal = env.engine.goal(env.seed, task)
+    plan = purchase_actions(goal, env.engine.by_asin[goal["asin"]])
+    episode = play_episode(env, task, lambda obs, info, t: plan[t], len(plan), score_key=SCORE_KEY)
+    return {"won": episode.won, "actions": plan, "score": episode.score,
+            "target": webshop_target_key(goal)}
+
+
+def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers: int = 1,
+                         tasks=None) -> dict[int, tuple[str, ...]]:
+    """The registry's expert_trajectories: per goal index of the split, the direct purchase of
+    its target (search the title, open it, its options, buy now) where it scores 1 (about 9% of
+    goals cannot: an attribute the reward does not find in the product's text)."""
+    import functools
+
+    from hgpo_jax.envs.experts import ExpertLog, chosen_tasks, record_missing, won_actions
+
+    if split not in SPLITS:
+        raise ValueError(f"unknown WebShop split {split!r}; use one of {SPLITS}")
+    engine = shared_engine(env_cfg.data_dir)
+    goals = chosen_tasks(_list_tasks(env_cfg, split), tasks, "webshop", split)
+    jobs = {str(task): task for task in goals}
+    records = record_missing(
+        ExpertLog(expert_log_path(env_cfg.seed, engine.folder)), jobs, _play_purchase,
+        functools.partial(WebShopEnv, seed=env_cfg.seed, data_dir=env_cfg.data_dir),
+        workers=workers, progress=progress, desc="webshop experts")
+    return won_actions(records, jobs)
+
+
 def _env_specs() -> dict:
     from hgpo_jax.envs.registry import EnvSpec
 
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("test",), train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
-        record_episodes=_record_episodes, episode_kinds=WEBSHOP_KINDS)}
+        record_episodes=_record_episodes, episode_kinds=WEBSHOP_KINDS,
+        expert_trajectories=_expert_trajectories)}
 
 
 ENV_SPECS = _env_specs()

@@ -79,6 +79,20 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
 
 
 @lru_cache(maxsize=8)
+def data_digest(folder: str) -> str:
+    """The first 16 hex digits of a sha256 over the files the env reads (REQUIRED_FILES, in that
+    order): the identity of a data set, which recordings made from it are keyed by."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in REQUIRED_FILES:
+        with open(os.path.join(folder, name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=8)
 def _read_json_cached(path: str):
     with open(path, encoding="utf-8") as f:
         return json.load(f)

@@ -2,8 +2,8 @@
 
 Three kinds:
 - "expert" (`title_actions`): searches the hidden target's own title, opens it, picks the goal's
-  options and buys. It scores 1 but nothing it types can be read off the page: a policy that
-  imitates it has to guess a title it never saw.
+  options, looks at the description, goes back and buys. It scores 1 but nothing it types can be
+  read off the page: a policy that imitates it has to guess a title it never saw.
 - "search" (`InstructionShopper`): acts only on what the page shows. It searches with the
   instruction's words (all of it but "Find me" and the price clause), opens the result on
   page 1 whose title shares most words with what is wanted (the words before the options) among
@@ -16,6 +16,9 @@ Three kinds:
   within the limit (the search engine's best match for the instruction). Better and simpler:
   mean task score 0.75 and success 0.52 on the test goals, and the id it clicks is always the
   first affordable one listed, which a small model copies more easily than one it must choose.
+
+Expert-guided rollouts (Agent-G²) replay `purchase_actions`, the "expert" kind without its detour
+(search, item, options, buy now), and match external expert files by `webshop_target_key`.
 """
 
 from __future__ import annotations
@@ -29,12 +32,35 @@ _PRICE_TEXT = re.compile(r"\$([0-9]+(?:\.[0-9]+)?)")
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-def title_actions(goal: dict, product) -> list[str]:
-    """The title shopper's whole episode: search the product's title, open it, choose the goal's
-    options, look at its description, go back and buy."""
+def purchase_actions(goal: dict, product) -> list[str]:
+    """The direct purchase, in the shape of Agent-G²'s WebShop experts (3 + #options steps):
+    search the product's title, open it, click each of the goal's option values, buy."""
     return ([f"search[{product.title.lower()}]", f"click[{product.asin.lower()}]"]
-            + [f"click[{v}]" for v in goal["goal_options"].values()]
-            + ["click[description]", "click[< prev]", "click[buy now]"])
+            + [f"click[{v}]" for v in goal["goal_options"].values()] + ["click[buy now]"])
+
+
+def title_actions(goal: dict, product) -> list[str]:
+    """The title shopper's whole episode (the "expert" SFT kind, the golden episodes' pattern):
+    the direct purchase with a detour before buying, to the description and back."""
+    *choose, buy = purchase_actions(goal, product)
+    return choose + ["click[description]", "click[< prev]", buy]
+
+
+def _normalized(value) -> str:
+    """Lower-cased, whitespace collapsed to single spaces."""
+    return " ".join(str(value).lower().split())
+
+
+def webshop_target_key(goal: dict) -> str:
+    """The goal's target key, how Agent-G²'s WebShop expert file names a trajectory:
+    `ASIN::value#count|value#count`, the product's ASIN upper-case and the multiset of the goal's
+    option values (normalized: lower-cased, whitespace collapsed), sorted by (value, count).
+    Goals of the same product with the same option values share a key (and an expert)."""
+    from collections import Counter
+
+    counts = Counter(_normalized(v) for v in (goal.get("goal_options") or {}).values())
+    options = "|".join(f"{value}#{count}" for value, count in sorted(counts.items()))
+    return f"{str(goal['asin']).upper()}::{options}"
 
 
 def _split_instruction(instruction: str) -> tuple[str, str]:
