@@ -121,3 +121,79 @@ def test_hgpo_levels_read_the_replayed_anchors_as_history(K):
     assert (without.ids >= 0).sum() < (guided.ids >= 0).sum() or not any(prefix.values())
     adv = compute_step_advantages("hgpo", *sub, np.ones(len(sub[0])), K=K, prefix_anchors=prefix)
     assert adv.shape == (len(sub[0]),) and np.isfinite(adv).all()
+
+
+# --------------------------------------------------------------------------- the run's guide
+def guide_of(experts, **options):
+    from hgpo_jax.guidance_specs import GuidanceOptions
+    from hgpo_jax.rl.guide import Guide
+
+    return Guide(experts, lambda text: list(text), GuidanceOptions(enable=True, **options),
+                 max_steps=10)
+
+
+def test_the_guide_draws_one_plan_per_task_shared_by_its_group():
+    """Experts of 2 to 6 steps (clusters from their lengths), an unmatched task; a draw per task
+    in task order, the same schedule and seed giving the same plans (every process agrees)."""
+    experts = {t: [f"go {t} {i}" for i in range(2 + t % 5)] for t in range(10)}
+    guide = guide_of(experts, num_difficulty_groups=3)
+    assert guide.thresholds == [2, 4, 6] and guide.cluster(0) == 1 and guide.cluster(99) == 0
+    plans = guide.plan([3, 99, 7], group_size=2)
+    assert len(plans) == 6 and plans[0] == plans[1] and plans[4] == plans[5]
+    assert not plans[2].matched and plans[2].actions == ()
+    for p, task in ((plans[0], 3), (plans[4], 7)):
+        assert p.matched and 0 < len(p.actions) < len(experts[task])  # the last step is the policy's
+        assert list(p.actions) == experts[task][:len(p.actions)] and p.expert_steps == len(experts[task])
+    again = guide_of(experts, num_difficulty_groups=3).plan([3, 99, 7], group_size=2)
+    assert again == plans
+    per_rollout = guide_of(experts, num_difficulty_groups=3, share_prefix_within_group=False)
+    assert len(per_rollout.plan([3], group_size=4)) == 4
+
+
+def test_the_guide_updates_from_the_kept_matched_rollouts_and_round_trips():
+    experts = {t: [f"step {i}" for i in range(4)] for t in range(4)}
+    guide = guide_of(experts, num_difficulty_groups=1, sigma_mode="dynamic_sigma",
+                     batch_acc_low=0.5, batch_acc_high=0.5)
+    plans = guide.plan([0, 1, 9], group_size=2)      # task 9: unmatched, left out of the update
+    m = guide.update(plans, episode_traj=[0, 1, 2, 4, 5], episode_won=[1, 1, 1, 0, 0])
+    assert m["guidance/rollouts"] == 3 and m["guidance/batch_success"] == 1.0  # rollout 3: gone
+    assert m["guidance/mu_global"] == pytest.approx(0.7) and m["guidance/matched_rate"] == 4 / 6
+    state = guide.state_dict()
+    fresh = guide_of(experts, num_difficulty_groups=1, sigma_mode="dynamic_sigma")
+    fresh.load_state_dict(state)
+    assert fresh.schedule.mu_global == guide.schedule.mu_global
+    assert fresh.schedule.accuracy(1) == guide.schedule.accuracy(1) == pytest.approx(0.2)
+    other = guide_of(experts, num_difficulty_groups=1, difficulty_group_mode="webshop_3")
+    with pytest.raises(ValueError, match="difficulty clusters"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="no training task has an expert"):
+        guide_of({})
+
+
+def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_path):
+    """Two guided HGPO iterations on the toy env: the rollouts replay expert steps, the
+    schedule's metrics are logged, its state is in the checkpoint and a resume loads it."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.trainers.rl import Trainer
+
+    def config(iterations):
+        return load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
+                                            "guidance.enable=true", f"train.iterations={iterations}",
+                                            "train.save_every=1",
+                                            "guidance.initial_group_accuracy=0.5"])
+
+    with Trainer(config(1), progress=False) as trainer:
+        history = trainer.train()
+        state = trainer.guide.state_dict()
+        assert trainer.guide.thresholds  # the toy tasks' experts, clustered
+    m = history[0]
+    for key in ("guidance/mu_global", "guidance/batch_success", "guidance/prefix_steps",
+                "guidance/matched_rate", "guidance/group_1/A", "train/loss"):
+        assert key in m and np.isfinite(m[key]), key
+    assert m["guidance/matched_rate"] == 1.0 and m["guidance/prefix_steps"] > 0
+    assert state["scoreboard"]["1"]["accuracy_ema"] != 0.5  # the schedule learned something
+    with Trainer(config(2), resume=True, progress=False) as trainer:
+        assert trainer.iteration == 1
+        assert trainer.guide.state_dict() == state  # the schedule continues where it stopped
+        history = trainer.train()
+    assert len(history) == 1 and "guidance/mu_global" in history[0]
