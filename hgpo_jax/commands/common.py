@@ -94,6 +94,8 @@ def format_config(cfg: Config) -> str:
     for section in SECTIONS:
         if section in SECTIONS_OF_ALGORITHMS and section not in algo_sections(cfg):
             continue  # e.g. only a run with a critic shows the critic section
+        if section == "guidance" and not cfg.guidance.enable:
+            continue  # only a guided run shows its schedule's options
         if section == "agent":
             continue  # one key, in the title
         values = dataclasses.asdict(getattr(cfg, section))
