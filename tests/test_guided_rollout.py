@@ -197,3 +197,20 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
         assert trainer.guide.state_dict() == state  # the schedule continues where it stopped
         history = trainer.train()
     assert len(history) == 1 and "guidance/mu_global" in history[0]
+
+    # the same run resumed with other clusters: refused before any weights load
+    import hgpo_jax.runs as runs
+
+    def must_not_load(*a, **k):
+        raise AssertionError("the weights were loaded")
+
+    other = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
+                                         "guidance.enable=true", "train.iterations=3",
+                                         "guidance.num_difficulty_groups=2"])
+    original = runs.load_model
+    runs.load_model = must_not_load
+    try:
+        with pytest.raises(ValueError, match="difficulty clusters"):
+            Trainer(other, resume=True, progress=False, allow_change=True)
+    finally:
+        runs.load_model = original

@@ -36,6 +36,13 @@ from hgpo_jax.rl.guidance import (GaussianSchedule, difficulty_group, difficulty
                                   prefix_steps, step_end_offsets)
 
 
+def clusters_of(experts: Mapping, options) -> list[int]:
+    """The difficulty clusters' thresholds of `experts` ({task: actions}) under the `guidance`
+    options (`difficulty_thresholds` of their lengths)."""
+    return difficulty_thresholds([len(a) for a in experts.values()],
+                                 options.num_difficulty_groups, options.difficulty_group_mode)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One task's (or rollout's) prefix: matched (the task has an expert), its cluster (0:
@@ -72,9 +79,7 @@ class Guide:
         self.encode = encode
         self.options = options
         self.max_steps = int(max_steps)
-        self.thresholds = difficulty_thresholds([len(a) for a in self.experts.values()],
-                                                options.num_difficulty_groups,
-                                                options.difficulty_group_mode)
+        self.thresholds = clusters_of(self.experts, options)
         self.schedule = GaussianSchedule(len(self.thresholds),
                                          **dataclasses.asdict(ScheduleOptions.of(options)))
         self._offsets: dict = {}  # task -> its expert's step-end token offsets (on first use)

@@ -44,9 +44,9 @@ from hgpo_jax.rl.batching import (PolicyRows, TokenRows, budget_ladder, fixed_mi
 from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budget_update,
                                make_logprob_fn, on_mesh)
-from hgpo_jax.rl.guide import Guide, Plan
+from hgpo_jax.rl.guide import Guide, Plan, clusters_of
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
-from hgpo_jax.runs import Run
+from hgpo_jax.runs import CHECKPOINTS, Run
 
 
 # --------------------------------------------------------------------------- set-up helpers
@@ -200,6 +200,35 @@ class LoopState:
         self.np_rng.bit_generator.state = meta["np_rng"]
 
 
+# --------------------------------------------------------------------------- guidance
+def guidance_experts(cfg, resume: bool, progress: bool) -> dict:
+    """The experts of the training split's tasks (`EnvSpec.expert_trajectories`: played through
+    the env once, then read from the cache) for a guided run; resuming, the newest checkpoint's
+    schedule must have been made over the same difficulty clusters (`rl.guide.clusters_of`), or
+    a ValueError says what differs, before any weights load."""
+    import os
+
+    from hgpo_jax.checkpoint import Checkpointer
+
+    experts = get_env(cfg.env.name).expert_trajectories(cfg.env, cfg.env.split, progress=progress)
+    folder = os.path.join(cfg.run_path(), CHECKPOINTS)
+    if not resume or not os.path.isdir(folder):
+        return experts
+    ckpt = Checkpointer(folder, read_only=True)
+    try:
+        meta = ckpt.latest_meta() or {}
+    finally:
+        ckpt.close()
+    saved = (meta.get("guidance") or {}).get("thresholds")
+    mine = clusters_of(experts, cfg.guidance)
+    if saved is not None and list(saved) != mine:
+        raise ValueError(f"--resume: the checkpoint's guidance schedule has the difficulty "
+                         f"clusters {list(saved)} (expert lengths up to each), the run's experts "
+                         f"make {mine}; resume with its guidance.num_difficulty_groups, "
+                         "guidance.difficulty_group_mode and env data")
+    return experts
+
+
 # --------------------------------------------------------------------------- the trainer
 class Trainer(Run):
     """The RL run: the env pool, the device state (`TrainState`: policy, optimizer state,
@@ -217,6 +246,9 @@ class Trainer(Run):
         t, r = cfg.train, cfg.rollout
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
+        # the experts are recorded (once, then cached) and a resumed schedule checked before the
+        # weights load
+        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable else None
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
@@ -244,19 +276,13 @@ class Trainer(Run):
             self.agent = get_agent(cfg.agent.name, cfg.env.name, projection=cfg.env.projection)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
-            self.guide = self._guide() if cfg.guidance.enable else None
+            self.guide = None if experts is None else Guide(
+                experts, self.tokenizer.encode, cfg.guidance, cfg.env.max_steps)
             if resume:
                 self.restore()
         except BaseException:
             self.close()
             raise
-
-    def _guide(self) -> Guide:
-        """The run's expert guidance (`rl.guide`): the experts of the training split's tasks
-        (recorded through the env once, then cached), their clusters and the schedule."""
-        cfg = self.cfg
-        experts = self.env_spec.expert_trajectories(cfg.env, cfg.env.split, progress=self.progress)
-        return Guide(experts, self.tokenizer.encode, cfg.guidance, cfg.env.max_steps)
 
     @property
     def iteration(self) -> int:
