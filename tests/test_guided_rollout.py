@@ -198,6 +198,10 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
         history = trainer.train()
     assert len(history) == 1 and "guidance/mu_global" in history[0]
 
+    # opened to evaluate: hint-free, no guide, no experts recorded
+    with Trainer(config(2), progress=False, record=False) as trainer:
+        assert trainer.guide is None
+
     # the same run resumed with other clusters: refused before any weights load
     import hgpo_jax.runs as runs
 

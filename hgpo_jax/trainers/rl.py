@@ -247,8 +247,9 @@ class Trainer(Run):
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         # the experts are recorded (once, then cached) and a resumed schedule checked before the
-        # weights load
-        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable else None
+        # weights load; a run opened to evaluate (record=False) plays without them
+        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable and record \
+            else None
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
