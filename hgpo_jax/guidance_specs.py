@@ -82,6 +82,7 @@ class GuidanceOptions(ScheduleOptions):
     allow_full_prefix: bool = False  # let a prefix hold the expert's last step (ALFWorld only)
     share_prefix_within_group: bool = True  # one draw per task, shared by its group's rollouts
     empty_policy_rollout_retry_limit: int = 3  # redraws when no env of a batch played a turn
+    sft_coef: float = 0.0  # prefix SFT: weight of the replayed steps' supervised term (scripts: 0.5)
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("difficulty_group_mode", self.difficulty_group_mode, GROUP_MODES)
@@ -91,3 +92,4 @@ class GuidanceOptions(ScheduleOptions):
                 and self.empty_policy_rollout_retry_limit >= 0,
                 "empty_policy_rollout_retry_limit", self.empty_policy_rollout_retry_limit,
                 ">= 0 (an int)")
+        p.non_negative("sft_coef", self.sft_coef, "0: no prefix SFT")

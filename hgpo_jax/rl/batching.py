@@ -138,6 +138,24 @@ class PolicyRows(TokenRows):
 
 
 @flax.struct.dataclass
+class SftRows(TokenRows):
+    """Prefix SFT's supervised rows (`rl.prefix_sft`): `TokenRows` (the response: the agent's
+    reply for an expert action and its end of turn) and
+
+    weight float32 [M]: the row's weight in its micro-batch's weighted mean (1 / its env's prefix
+    length; 0 in an inert row); budget_weight float32 [M]: a token-budget micro-batch's row
+    weights (`fixed_micro_row_weights` of `weight`; None in a fixed mini-batch)."""
+
+    weight: Any = rows_field(1, inert=True)
+    budget_weight: Any = rows_field(1, optional=True, inert=True)
+
+    @classmethod
+    def spec(cls, rows: int = 1, length: int = 8, *, weighted: bool = False, **kwargs) -> SftRows:
+        """`TokenRows.spec` with the token-budget row weights (`weighted`)."""
+        return super().spec(rows, length, include=("budget_weight",) if weighted else (), **kwargs)
+
+
+@flax.struct.dataclass
 class CriticRows(TokenRows):
     """The critic update's rows: `TokenRows` and values, returns float32 [M, W] for a critic of
     one head, [M, W, H] for H > 1 (the value model's old predictions and the returns over the
@@ -424,6 +442,26 @@ def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
         raise ValueError(f"fixed_micro_weights: unknown agg {agg!r}; use token-mean or seq-mean")
     return (token_w.reshape(tokens.shape).astype(np.float32),
             agg_w.reshape(tokens.shape).astype(np.float32))
+
+
+def fixed_micro_row_weights(weights, num_micro: int) -> np.ndarray:
+    """Per-row weights under which a mini-batch split any other way has the loss of a weighted
+    mean per fixed micro-batch (`fixed_micro_weights`' split: micro-batch j holds the global rows
+    j, j + num_micro, ...), averaged over the `num_micro` micro-batches: row r of fixed
+    micro-batch j weighs w_r / (num_micro W_j), W_j the sum of the weights of j (0 where W_j is
+    0). weights: float [P, M] (or [M]), every process's rows of the mini-batch (global row
+    p * M + i is process p's row i). Returns float32 of the input's shape: summing weight x value
+    over the rows, in any grouping, gives the mean over the fixed micro-batches of
+    sum_j(w x value) / W_j (prefix SFT's loss, `rl.prefix_sft`)."""
+    w = np.asarray(weights, np.float64)
+    flat = w.reshape(-1)
+    if num_micro < 1 or flat.size % num_micro:
+        raise ValueError(f"fixed_micro_row_weights: {flat.size} rows cannot form {num_micro} "
+                         "equal micro-batches")
+    j = np.arange(flat.size) % num_micro
+    total = np.bincount(j, weights=flat, minlength=num_micro)[j]
+    out = np.where(total > 0, flat / (num_micro * np.where(total > 0, total, 1.0)), 0.0)
+    return out.reshape(w.shape).astype(np.float32)
 
 
 def take_micro(batch: Rows, rows: np.ndarray, length: int) -> Rows:

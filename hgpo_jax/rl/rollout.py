@@ -152,7 +152,9 @@ class RolloutBatch:
     count the policy's turns, 0..n-1); episode_length counts the replayed steps too, and
     episode_prefix [E] holds them (zeros without guidance), episode_prefix_anchors [E] their
     anchors (the history of hgpo's first policy turns); an episode the prefix ended, with no
-    policy turn, is not kept.
+    policy turn, is not kept. episode_prefix_turns [E]: each kept episode's replayed steps as
+    `ReplayedTurn`s (the prompt the policy would have seen, the expert action), for prefix SFT;
+    None unless asked for (`collect_rollouts(sft_prompts=True)`).
     """
 
     task_id: np.ndarray
@@ -178,6 +180,7 @@ class RolloutBatch:
     prompts_cut: int = 0
     episode_prefix: np.ndarray | None = None
     episode_prefix_anchors: list | None = None
+    episode_prefix_turns: list | None = None
 
     def prefix_anchors(self) -> dict | None:
         """{traj_id: anchors replayed before its step 0} of the guided episodes (None: none;
@@ -276,6 +279,17 @@ class PlayedTurn:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplayedTurn:
+    """One replayed expert step of a guided rollout, as prefix SFT needs it: `prompt_ids`, the
+    token ids of the prompt the policy would have seen at that step (`step_prompt` over the
+    memory of the steps replayed before it, `encode_prompt`: the chat template, cut to the
+    policy's max_prompt_tokens) and `action`, the expert action sent."""
+
+    prompt_ids: list[int]
+    action: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Played:
     """What `play_lockstep` leaves of its M envs' episodes, each [M]: the task text (its reset's;
     "" for an env that failed there), whether it was won, whether the pool failed it, and its
@@ -283,7 +297,9 @@ class Played:
     entry None for an env that played no turn); timing: the loop's seconds per phase.
     prefix_steps, prefix_reward, prefix_anchors: the expert steps replayed before the policy
     played (`prefixes`), the training reward they earned and the anchors of the observations
-    they were played from, in order (zeros and empty lists without a prefix)."""
+    they were played from, in order (zeros and empty lists without a prefix); prefix_turns:
+    each env's replayed steps as `ReplayedTurn`s (`play_lockstep(sft_prompts=True)`; else empty
+    lists)."""
 
     task: list[str]
     won: list[bool]
@@ -293,13 +309,14 @@ class Played:
     prefix_steps: list[int] = dataclasses.field(default_factory=list)
     prefix_reward: list[float] = dataclasses.field(default_factory=list)
     prefix_anchors: list[list] = dataclasses.field(default_factory=list)
+    prefix_turns: list[list] = dataclasses.field(default_factory=list)
 
 
 def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int, memory_len: int,
                   on_turn: Callable[[PlayedTurn], None], *, rng=0, spec: EnvSpec | None = None,
                   agent: Agent | None = None, together: bool = True,
-                  progress: bool = False, prefixes: Sequence[Sequence[str]] | None = None
-                  ) -> Played:
+                  progress: bool = False, prefixes: Sequence[Sequence[str]] | None = None,
+                  sft_prompts: bool = False) -> Played:
     """The rollout's loop, the one place that plays: env i of `env_pool` runs `env_tasks[i]` for
     at most `max_steps` steps, all envs in lockstep (see the module docstring); `on_turn(turn)`
     sees each env turn the pool did not fail (`PlayedTurn`), in env order within a step, before
@@ -316,7 +333,9 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     they earn the episode its rewards and may win or end it, but `on_turn` never sees them (they
     are no rows). The policy then plays the env's remaining `max_steps - len(prefix)` steps, its
     turns numbered from 0 (`PlayedTurn.step`: the rows' step ids; the replayed steps are their
-    history, `Played.prefix_anchors`)."""
+    history, `Played.prefix_anchors`). sft_prompts: also keep, for each replayed step, the
+    prompt the policy would have seen there and the action (`Played.prefix_turns`, prefix SFT);
+    these prompts are not counted in the policy's `prompt_cuts`."""
     import jax
 
     num_envs = len(env_tasks)
@@ -342,6 +361,7 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     start = [0] * num_envs               # each env's first policy step (its prefix's length)
     prefix_reward = [0.0] * num_envs
     prefix_anchors: list[list] = [[] for _ in range(num_envs)]
+    prefix_turns: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
 
     def record(i: int, r: EnvReply) -> None:  # an env's answer to a turn played (prefix or policy)
         obs[i], infos[i] = r.obs, r.info
@@ -359,12 +379,17 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
             actions = {i: prefixes[i][j] for i in range(num_envs) if running[i] and j < len(prefixes[i])}
             if not actions:
                 break
+            shown = {i: encode_prompt(policy.tokenizer, step_prompt(
+                agent, task_text[i], obs[i], infos[i], history[i], memory_len),
+                policy.max_prompt_tokens) for i in actions} if sft_prompts else {}
             for i, r in env_pool.step(actions).items():
                 if r.failed:
                     failed[i], running[i] = True, False
                     continue
                 history[i].append(agent.remember(obs[i], replayed_reply(actions[i])))
                 prefix_anchors[i].append(infos[i]["anchor"])
+                if sft_prompts:
+                    prefix_turns[i].append(ReplayedTurn(shown[i], actions[i]))
                 prefix_reward[i] += float(spec.train_reward(r.reward, r.info))
                 start[i] = j + 1
                 record(i, r)
@@ -406,7 +431,8 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
         bar.update(1)
     bar.close()
     return Played(task_text, won, failed, score if spec.score_key is not None else None, timing,
-                  prefix_steps=start, prefix_reward=prefix_reward, prefix_anchors=prefix_anchors)
+                  prefix_steps=start, prefix_reward=prefix_reward, prefix_anchors=prefix_anchors,
+                  prefix_turns=prefix_turns if sft_prompts else [])
 
 
 def replayed_reply(action: str) -> Reply:
@@ -419,10 +445,12 @@ def replayed_reply(action: str) -> Reply:
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
                      memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
                      agent: Agent | None = None, progress: bool = False,
-                     prefixes: Sequence[Sequence[str]] | None = None) -> RolloutBatch:
+                     prefixes: Sequence[Sequence[str]] | None = None,
+                     sft_prompts: bool = False) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each
     (`play_lockstep`, one row per env turn of the policy's). prefixes: expert actions to replay
-    before the policy plays, one list per env (`play_lockstep`; None: none).
+    before the policy plays, one list per env (`play_lockstep`; None: none); sft_prompts: keep
+    the replayed steps' prompts and actions (`RolloutBatch.episode_prefix_turns`, prefix SFT).
 
     env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
     sampling (split per step; each env's replies are drawn with its global index as the row id,
@@ -445,7 +473,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     turns: list[PlayedTurn] = []
     played = play_lockstep(policy, env_pool, [tasks[i // group_size] for i in range(num_envs)],
                            max_steps, memory_len, turns.append, rng=rng, spec=spec, agent=agent,
-                           progress=progress, prefixes=prefixes)
+                           progress=progress, prefixes=prefixes, sft_prompts=sft_prompts)
     batch = _to_batch(turns, played, group_size)
     if cuts is not None:
         batch.prompts, batch.prompts_cut = cuts.prompts - cuts_before[0], cuts.cut - cuts_before[1]
@@ -498,7 +526,9 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
         episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64),
         episode_prefix=np.asarray([prefix[i] for i in kept], np.int64),
         episode_prefix_anchors=[list(played.prefix_anchors[i]) if played.prefix_anchors else []
-                                for i in kept])
+                                for i in kept],
+        episode_prefix_turns=[list(played.prefix_turns[i]) for i in kept]
+        if played.prefix_turns else None)
 
 
 def mean_and_sem(values: Sequence[float]) -> tuple[float, float]:

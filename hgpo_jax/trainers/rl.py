@@ -38,13 +38,14 @@ from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
                                     scoring_temperature)
-from hgpo_jax.rl.batching import (PolicyRows, TokenRows, budget_ladder, fixed_micro_weights,
-                                   gather_rows, minibatch_indices, pack_rows, packed_shape,
-                                   take_micro)
+from hgpo_jax.rl.batching import (PolicyRows, SftRows, TokenRows, budget_ladder,
+                                   fixed_micro_row_weights, fixed_micro_weights, gather_rows,
+                                   minibatch_indices, pack_rows, packed_shape, take_micro)
 from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budget_update,
                                make_logprob_fn, on_mesh)
 from hgpo_jax.rl.guide import Guide, Plan, clusters_of
+from hgpo_jax.rl.prefix_sft import prefix_sft_rows
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.runs import CHECKPOINTS, Run
 
@@ -165,6 +166,32 @@ def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, l
                          ladder, shards, mesh)
 
 
+def budget_sft_minibatch(local: SftRows, num_micro: int, budget: int, ladder, shards: int, mesh):
+    """The token-budget micro-batches of one prefix SFT mini-batch, device-ready, one at a time
+    (for `rl.update.budget_update`). local: this process's rows of the mini-batch (`gather_rows`),
+    each process the same count; each row weighted as the fixed micro-batches weigh it
+    (`rl.batching.fixed_micro_row_weights`: the same loss and gradient as the fixed step). Rows
+    of weight 0 (inert) are left out. One allgather of the weights, one of the lengths."""
+    every = np.asarray(dist.allgather_json([float(w) for w in local.weight]), np.float64)  # [P, M]
+    local = local.replace(budget_weight=fixed_micro_row_weights(every, num_micro)[jax.process_index()])
+    return budget_micros(local, np.where(local.weight > 0, local.attention_mask.sum(1), 0),
+                         budget, ladder, shards, mesh)
+
+
+def prefix_sft_metrics(records: list[dict], rows: int) -> dict[str, float]:
+    """The prefix SFT metrics of an iteration: `train/prefix_sft_rows` (every process's rows),
+    `train/prefix_sft_updates`, and over its updates (`records`, when there were any) the mean
+    of `train/prefix_sft_loss` (the weighted cross-entropy), `train/prefix_sft_grad_norm` and
+    `train/prefix_sft_skipped_nonfinite`."""
+    out = {"train/prefix_sft_rows": float(rows), "train/prefix_sft_updates": float(len(records))}
+    if records:
+        mean = _mean_metrics(records)
+        out.update({"train/prefix_sft_loss": mean["train/prefix_sft_loss"],
+                    "train/prefix_sft_grad_norm": mean["train/grad_norm"],
+                    "train/prefix_sft_skipped_nonfinite": mean["train/skipped_nonfinite"]})
+    return out
+
+
 # --------------------------------------------------------------------------- the run's state
 @flax.struct.dataclass
 class TrainState:
@@ -279,11 +306,25 @@ class Trainer(Run):
                                   np.random.default_rng(t.seed + 1))
             self.guide = None if experts is None else Guide(
                 experts, self.tokenizer.encode, cfg.guidance, cfg.env.max_steps)
+            self.sft_step, self.sft_budget_step = self._prefix_sft_steps()
             if resume:
                 self.restore()
         except BaseException:
             self.close()
             raise
+
+    def _prefix_sft_steps(self) -> tuple:
+        """(fixed step, token-budget step) of prefix SFT (the budget one None without
+        `train.max_tokens_per_micro_batch`); (None, None) without it: no guide (guidance off, or
+        a run opened to evaluate) or guidance.sft_coef 0."""
+        if self.guide is None or not self.cfg.guidance.sft_coef > 0:
+            return None, None
+        step = self.algorithm.prefix_sft_step(self.graphdef, self.tx, self.mesh, self.shardings,
+                                              self.opt_shardings)
+        budget = self.algorithm.prefix_sft_budget_step(
+            self.graphdef, self.tx, self.budget, self.mesh, self.shardings,
+            self.opt_shardings) if self.budget else None
+        return step, budget
 
     @property
     def iteration(self) -> int:
@@ -347,12 +388,14 @@ class Trainer(Run):
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
         rows = self.step_rows(batch)
+        sft = (self.prefix_sft_rows(batch, rows.tokens.shape[1]) if self.sft_step is not None
+               else None)
         t_logp = time.perf_counter()
         adv = self.algorithm.advantages(rows, self.state.algo_state, functools.partial(
             self._per_micro_batch, arrays=rows.token_rows()))
         t_adv = time.perf_counter()
         metrics.update(adv.metrics)
-        metrics.update(self.update(rows, adv))
+        metrics.update(self.update(rows, adv, sft))
         t_end = time.perf_counter()
         stats, tokens = self.row_statistics(rows, adv)
         metrics.update(stats)
@@ -382,7 +425,8 @@ class Trainer(Run):
         batch = collect_rollouts(self.policy(r.temperature), self.pool, self._tasks[lo:hi],
                                  r.group_size, cfg.env.max_steps, cfg.env.memory_len,
                                  rng=rollout_key, spec=self.env_spec, agent=self.agent,
-                                 progress=self.progress, prefixes=prefixes)
+                                 progress=self.progress, prefixes=prefixes,
+                                 sft_prompts=self.sft_step is not None)
         return batch, plans
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
@@ -418,37 +462,89 @@ class Trainer(Run):
                         ref_logp=self._logprobs(self.state.ref_params, tokens),
                         turns=LinkedTurns.of(batch, packed.shape[0]))
 
-    def update(self, rows: StepRows, adv: Advantages) -> dict[str, float]:
+    def update(self, rows: StepRows, adv: Advantages, sft: SftRows | None = None
+               ) -> dict[str, float]:
         """Stage 4: `ppo_epochs` passes over shuffled mini-batches (every process the same count:
         inert ones fill in), the algorithm's own state updates first (a critic: verl's order), then the
-        policy's (when `Algorithm.updates_policy`). -> the updates' mean metrics."""
+        policy's (when `Algorithm.updates_policy`); with prefix SFT rows (`sft`), each epoch's
+        policy updates are followed by updates on shuffled mini-batches of those rows alone
+        (drawn after all the RL ones, so the RL mini-batches are those of a run without them).
+        -> the updates' mean metrics (the RL updates'; `prefix_sft_metrics` for the others)."""
         t = self.cfg.train
         mini = t.mini_batch_size // self.procs
-        draw = dist.max_over_processes(rows.num_rows)[0]
-        order = []
-        for _ in range(t.ppo_epochs):
-            batches = minibatch_indices(rows.num_rows, mini, self.loop.np_rng, draw=draw)
-            count = dist.max_over_processes(len(batches))[0]
-            order += batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
+        epochs = [self._epoch_batches(rows.num_rows, mini) for _ in range(t.ppo_epochs)]
+        sft_rows = 0 if sft is None else int(np.count_nonzero(sft.weight))
+        sft_epochs = [self._epoch_batches(sft_rows, mini) if sft is not None else []
+                      for _ in range(t.ppo_epochs)]
+        order = [idx for batches in epochs for idx in batches]
 
         policy_rows = rows.policy_rows(adv)
         algo_state, records = self.algorithm.update_state(self.state.algo_state, rows, adv, order,
                                                           self.mesh)
         self.state = self.state.replace(algo_state=algo_state)
         metrics = _mean_metrics(records)
-        records = []
+        records, sft_records = [], []
         if self.algorithm.updates_policy(self.iteration):
-            for idx in order:
-                if self.budget:
-                    params, opt_state, m = self._budget_update(policy_rows, idx)
-                else:
-                    params, opt_state, m = self.train_step(self.state.params, self.state.opt_state,
-                                                           on_mesh(gather_rows(policy_rows, idx), self.mesh))
-                self.state = self.state.replace(params=params, opt_state=opt_state)
-                records.append(jax.device_get(m))
+            for batches, sft_batches in zip(epochs, sft_epochs):
+                records += [self._policy_update(policy_rows, idx) for idx in batches]
+                sft_records += [self._prefix_sft_update(sft, idx) for idx in sft_batches]
         metrics.update(_mean_metrics(records))
-        metrics["train/updates"] = float(len(records))
+        metrics["train/updates"] = float(len(records) + len(sft_records))
+        if sft is not None:
+            metrics.update(prefix_sft_metrics(sft_records, sum(dist.allgather_json(sft_rows))))
         return metrics
+
+    def _epoch_batches(self, num_rows: int, mini: int) -> list[np.ndarray]:
+        """One epoch's shuffled mini-batches of `mini` of this process's rows [0, num_rows)
+        (`minibatch_indices`, drawn alike on every process; every process the same count: inert
+        ones, all -1, fill in)."""
+        draw = dist.max_over_processes(num_rows)[0]
+        batches = minibatch_indices(num_rows, mini, self.loop.np_rng, draw=draw)
+        count = dist.max_over_processes(len(batches))[0]
+        return batches + [np.full(mini, -1, np.int64)] * (count - len(batches))  # inert updates
+
+    def _policy_update(self, policy_rows: PolicyRows, idx: np.ndarray) -> dict:
+        """One policy update on mini-batch rows `idx` (-1 inert), fixed or token-budget
+        micro-batches; the state is updated -> its metrics (host)."""
+        if self.budget:
+            params, opt_state, m = self._budget_update(policy_rows, idx)
+        else:
+            params, opt_state, m = self.train_step(self.state.params, self.state.opt_state,
+                                                   on_mesh(gather_rows(policy_rows, idx), self.mesh))
+        self.state = self.state.replace(params=params, opt_state=opt_state)
+        return jax.device_get(m)
+
+    def _prefix_sft_update(self, sft: SftRows, idx: np.ndarray) -> dict:
+        """One policy update on prefix SFT rows `idx` (-1 inert) alone, fixed or token-budget
+        micro-batches (`budget_sft_minibatch`); the state is updated -> its metrics (host)."""
+        t = self.cfg.train
+        local = gather_rows(sft, idx)
+        if self.budget:
+            micros = budget_sft_minibatch(local, t.mini_batch_size // t.micro_batch_size,
+                                          self.budget, self._ladder(sft.input_ids.shape[1]),
+                                          self.dp // self.procs, self.mesh)
+            params, opt_state, m = budget_update(self.sft_budget_step, self.state.params,
+                                                 self.state.opt_state, micros)
+        else:
+            params, opt_state, m = self.sft_step(self.state.params, self.state.opt_state,
+                                                 on_mesh(local, self.mesh))
+        self.state = self.state.replace(params=params, opt_state=opt_state)
+        return jax.device_get(m)
+
+    def prefix_sft_rows(self, batch: RolloutBatch, packed_length: int) -> SftRows:
+        """Prefix SFT's rows of this process's kept episodes (`rl.prefix_sft.prefix_sft_rows`),
+        packed as the step rows are: every process to the same [S, L], S a multiple of
+        micro_batch_size / P, L at least the step rows' `packed_length` (the fixed steps then
+        compile for one length when the SFT rows are no longer)."""
+        t, r = self.cfg.train, self.cfg.rollout
+        sft = prefix_sft_rows(batch, self.agent, self.tokenizer, r.max_new_tokens)
+        row_multiple = t.micro_batch_size // self.procs
+        S, L = dist.max_over_processes(*packed_shape(
+            sft.prompt_ids, sft.response_ids, row_multiple=row_multiple,
+            length_multiple=t.pad_multiple))
+        return sft.pack(self.tokenizer.pad_token_id, row_multiple=row_multiple,
+                        length_multiple=t.pad_multiple, shape=(S, max(L, packed_length)),
+                        max_response=r.max_new_tokens)
 
     def row_statistics(self, rows: StepRows, adv: Advantages) -> tuple[dict[str, float], float]:
         """Stage 5: the per-row statistics (advantages, the rollout-vs-policy log-prob gap, the

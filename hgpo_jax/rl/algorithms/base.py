@@ -30,6 +30,7 @@ import numpy as np
 from hgpo_jax.algo_specs import AlgorithmSpec
 from hgpo_jax.rl.batching import CriticRows, PolicyRows, TokenRows, TrainBatch
 from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
+from hgpo_jax.rl.prefix_sft import make_sft_budget_step, make_sft_step
 from hgpo_jax.rl.rollout import RolloutBatch
 from hgpo_jax.rl.turns import LinkedTurns
 
@@ -170,6 +171,24 @@ class Algorithm:
         return make_budget_train_step(graphdef, tx, self.loss_config(), budget, mesh, shardings,
                                       opt_shardings, window=self.cfg.rollout.max_new_tokens,
                                       token_advantages=self.spec.token_advantages)
+
+    def prefix_sft_step(self, graphdef, tx, mesh=None, shardings=None, opt_shardings=None):
+        """jit(params, opt_state, mini-batch `SftRows`) -> (params, opt_state, metrics): one
+        policy update on prefix SFT rows alone (`rl.prefix_sft.make_sft_step`: coef
+        `guidance.sft_coef`, `num_micro` micro-batches, the response window and scoring
+        temperature of `policy_step`); the same for every family."""
+        return make_sft_step(graphdef, tx, self.cfg.guidance.sft_coef, self.num_micro, mesh,
+                             shardings, opt_shardings, window=self.cfg.rollout.max_new_tokens,
+                             temperature=self.loss_config().temperature)
+
+    def prefix_sft_budget_step(self, graphdef, tx, budget: int, mesh=None, shardings=None,
+                               opt_shardings=None):
+        """`prefix_sft_step` over token-budget micro-batches of `budget` tokens per device
+        (`rl.prefix_sft.make_sft_budget_step`)."""
+        return make_sft_budget_step(graphdef, tx, self.cfg.guidance.sft_coef, budget, mesh,
+                                    shardings, opt_shardings,
+                                    window=self.cfg.rollout.max_new_tokens,
+                                    temperature=self.loss_config().temperature)
 
     # ------------------------------------------------------------------ its own state
     def init_state(self, policy, seed: int) -> Any:
