@@ -304,17 +304,24 @@ def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
 
 
 # --------------------------------------------------------------------------- the trainer
-@pytest.mark.parametrize("config,on", [("tiny_cpu_toy", 1024), ("tiny_cpu_ppo", 1024),
-                                       ("tiny_cpu_hiper", 2048)])  # hiper's rows: <= 1,344 tokens
-def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path, config, on):
+GUIDED_SFT = ("guidance.enable=true", "guidance.sft_coef=0.5", "guidance.initial_group_accuracy=0.5")
+
+
+@pytest.mark.parametrize("config,on,extra", [("tiny_cpu_toy", 1024, ()), ("tiny_cpu_ppo", 1024, ()),
+                                             ("tiny_cpu_hiper", 2048, ()),  # hiper's rows: <= 1,344 tokens
+                                             ("tiny_cpu_toy", 1024, GUIDED_SFT)],
+                         ids=["toy", "ppo", "hiper", "toy-guided-sft"])
+def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_path, config, on,
+                                                                          extra):
     """One toy iteration (the same rollouts) with the key off and on: the same log-probs (and,
     with a critic, values), loss, metrics and updated parameters (the critic's too: its update
-    goes by the budget as well, HiPER's three heads each at its own positions)."""
+    goes by the budget as well, HiPER's three heads each at its own positions; with guidance's
+    prefix SFT, its updates too)."""
     out = []
     for budget in (0, on):
         cfg = load_config(config, [f"train.run_dir={tmp_path}/b{budget}", "env.num_workers=1",
                                    "train.iterations=1", f"train.max_tokens_per_micro_batch={budget}",
-                                   "train.diagnostics=false"])
+                                   "train.diagnostics=false", *extra])
         with Trainer(cfg, progress=False) as t:
             (m,) = t.train()
             critic = t.state.algo_state
@@ -324,6 +331,9 @@ def test_trainer_iteration_with_a_token_budget_equals_fixed_micro_batches(tmp_pa
     assert m0["rollout/steps"] == m1["rollout/steps"] > 0 and m1["train/updates"] == m0["train/updates"]
     keys = ["train/loss", "train/pg_loss", "train/kl_loss", "train/entropy", "train/ppo_kl",
             "train/grad_norm", "train/rollout_vs_policy_logp_gap"]
+    if extra:
+        keys += ["train/prefix_sft_loss", "train/prefix_sft_grad_norm", "train/prefix_sft_rows"]
+        assert m0["train/prefix_sft_updates"] == m1["train/prefix_sft_updates"] > 0
     if config != "tiny_cpu_toy":
         # every critic metric but the clip fractions (nor the actor's: in the first update the
         # values are the old values, clipped and unclipped errors tie, and which one rounds
