@@ -123,6 +123,32 @@ def test_hgpo_levels_read_the_replayed_anchors_as_history(K):
     assert adv.shape == (len(sub[0]),) and np.isfinite(adv).all()
 
 
+def test_the_oracle_reads_the_shared_prefix_as_history():
+    """The full-history oracle (diagnostics) of the policy's rows with each task's shared prefix
+    as history equals the oracle of the same rows with the prefix as rows (then dropped)."""
+    from hgpo_jax.rl.diagnostics import oracle_advantages
+
+    rs = np.random.RandomState(0)
+    task, traj, step, anchor, prefix, policy_row = [], [], [], [], {}, []
+    for g in range(3):
+        shared = [f"p{x}" for x in rs.randint(0, 2, int(rs.randint(0, 3)))]
+        for t in range(4 * g, 4 * g + 4):
+            seq = shared + [f"a{x}" for x in rs.randint(0, 2, int(rs.randint(1, 4)))]
+            prefix[t] = shared
+            for j, a in enumerate(seq):
+                task.append(g), traj.append(t), step.append(j), anchor.append(a)
+                policy_row.append(j >= len(shared))
+    keep = np.asarray(policy_row)
+    sub = [np.asarray(x)[keep] for x in (task, traj, step, anchor)]
+    sub[2] = sub[2] - np.asarray([len(prefix[t]) for t in sub[1]])
+    rewards = rs.rand(len(task))
+    full_adv, full_flag = oracle_advantages(task, traj, step, anchor, rewards)
+    got_adv, got_flag = oracle_advantages(*sub, rewards[keep], prefix_anchors=prefix)
+    np.testing.assert_array_equal(got_flag, full_flag[keep])
+    assert got_flag.any()
+    np.testing.assert_allclose(got_adv, full_adv[keep], atol=1e-6)
+
+
 # --------------------------------------------------------------------------- the run's guide
 def guide_of(experts, **options):
     from hgpo_jax.guidance_specs import GuidanceOptions

@@ -67,7 +67,8 @@ def oracle_from_batch(batch: StepBatch, *, gamma: float, invalid_penalty: float,
 def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=None,
                       invalid_penalty: float = INVALID_PENALTY, gamma: float = 0.95,
                       mode: str = "mean_std_norm", eps: float = 1e-6,
-                      penalty_placement: str = "row") -> tuple[np.ndarray, np.ndarray]:
+                      penalty_placement: str = "row", prefix_anchors=None
+                      ) -> tuple[np.ndarray, np.ndarray]:
     """Full-history ("oracle") advantages of a flat batch of steps, in the input order.
 
     Args:
@@ -76,6 +77,8 @@ def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=N
       invalid_penalty, gamma, penalty_placement: the returns R_t, as `penalized_returns`.
       mode: "mean_std_norm" ((R - mean) / (population std + eps)) or "mean_norm" (R - mean),
         within each full-history group. eps: >= 0.
+      prefix_anchors: {traj_id: anchors replayed before step 0} (a guided rollout's), part of
+        each step's full history; None: none.
     Returns:
       (adv float32 [N]: the oracle advantage, 0 where the step is not an oracle step;
        is_oracle bool [N]: whether another step shares the step's task and anchors a_0..a_t).
@@ -83,7 +86,7 @@ def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=N
     # the estimators' checks and messages (the options the oracle does not use keep their defaults)
     AdvantageOptions(mode=mode, gamma=gamma, eps=eps, invalid_penalty=invalid_penalty,
                      penalty_placement=penalty_placement)
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid, prefix_anchors)
     adv, is_oracle = oracle_from_batch(batch, gamma=gamma, invalid_penalty=invalid_penalty,
                                        penalty_placement=penalty_placement, mode=mode, eps=eps)
     out, flag = np.zeros(batch.num_steps, np.float32), np.zeros(batch.num_steps, bool)
@@ -93,7 +96,7 @@ def oracle_advantages(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=N
 
 def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=None,
                      estimators=DEFAULT_ESTIMATORS, options: AdvantageOptions | None = None,
-                     **overrides) -> dict[str, dict[str, float]]:
+                     prefix_anchors=None, **overrides) -> dict[str, dict[str, float]]:
     """Each estimator's deviation from the oracle advantages over the batch's oracle steps.
 
     Args:
@@ -103,6 +106,7 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
         `compute_step_advantages` for every estimator, so each is measured as configured; the
         oracle uses invalid_penalty, gamma, penalty_placement, mode and eps (its groups use the
         population std whatever `stats`).
+      prefix_anchors: as for `compute_step_advantages` (history of the oracle and of hgpo).
     Returns:
       {estimator: {"bias": mean(d), "abs_dev": mean(|d|), "rmse": sqrt(mean(d^2)),
       "coverage": oracle steps / N}} with d = A_estimator - A_oracle over the oracle steps (float64
@@ -124,7 +128,7 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
     # iterable becomes a list. (The numeric ones must be array-like for prepare_batch anyway.)
     task_ids, traj_ids, anchors = (as_1d(task_ids, "task_ids"), as_1d(traj_ids, "traj_ids"),
                                    as_1d(anchors, "anchors"))
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid)
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid, prefix_anchors)
     canonical, canonical_flag = oracle_from_batch(batch, gamma=o.gamma, invalid_penalty=o.invalid_penalty,
                                                   penalty_placement=o.penalty_placement, mode=o.mode,
                                                   eps=o.eps)
@@ -135,7 +139,7 @@ def oracle_deviation(task_ids, traj_ids, step_ids, anchors, rewards, *, valid=No
     result = {}
     for estimator in estimators:
         adv = compute_step_advantages(estimator, task_ids, traj_ids, step_ids, anchors, rewards, valid=valid,
-                                      options=o)
+                                      options=o, prefix_anchors=prefix_anchors)
         d = adv[is_oracle].astype(np.float64) - oracle[is_oracle]
         if d.size:
             bias, abs_dev, rmse = float(d.mean()), float(np.abs(d).mean()), math.sqrt(float((d * d).mean()))

@@ -311,13 +311,27 @@ def full_history_ids(batch: StepBatch) -> np.ndarray:
     """
     out = np.zeros(batch.num_steps, np.int64)
     offset = 0
+    start = history_starts(batch)  # [T]: the task, then the anchors replayed before step 0
     for t, rows in enumerate(_rows_by_step(batch)):
         # Canonical rows are sorted by (trajectory, step): row - 1 is step t-1 of the same one.
-        prev = batch.task_of_traj[batch.traj[rows]] if t == 0 else out[rows - 1]
+        prev = start[batch.traj[rows]] if t == 0 else out[rows - 1]
         ids, g = _pair_ids(prev, batch.anchor[rows], batch.num_anchors)
         out[rows] = ids + offset
         offset += g
     return out
+
+
+def history_starts(batch: StepBatch) -> np.ndarray:
+    """int64 [T]: each trajectory's history before its step 0 as one id: its task, paired with
+    the anchors of its replayed prefix (`StepBatch.prefix`; a missing column is a symbol of its
+    own, so prefixes of different lengths differ). Without prefixes: the task."""
+    ids = batch.task_of_traj.astype(np.int64)
+    if batch.prefix is None:
+        return ids
+    for column in batch.prefix.T:  # oldest replayed step first
+        code = np.where(column >= 0, column, batch.num_anchors)
+        ids, _ = _pair_ids(ids, code, batch.num_anchors + 1)
+    return ids
 
 
 def build_step_groups(batch: StepBatch, K: int) -> GroupIndex:

@@ -13,7 +13,8 @@ from hgpo_jax.rl.grouping import hierarchy_stats
 DIAGNOSED = ("grpo", "gigpo", "hgpo")  # the estimators `diagnostic_metrics` compares to the oracle
 
 
-def diagnostic_metrics(columns, valid, options: GroupOptions) -> dict[str, float]:
+def diagnostic_metrics(columns, valid, options: GroupOptions, prefix_anchors=None
+                       ) -> dict[str, float]:
     """diag/<estimator>/{bias, abs_dev, rmse} of grpo, gigpo and hgpo against the oracle
     (hgpo_jax.rl.diagnostics) under the run's options, and diag/coverage. An estimator the options
     cannot serve (stats=paper with a penalty on single rows) is left out."""
@@ -23,7 +24,7 @@ def diagnostic_metrics(columns, valid, options: GroupOptions) -> dict[str, float
     for estimator in DIAGNOSED:
         try:
             stats = oracle_deviation(*columns, valid=valid, estimators=(estimator,),
-                                     options=options)[estimator]
+                                     options=options, prefix_anchors=prefix_anchors)[estimator]
         except ValueError:
             continue
         out.update({f"diag/{estimator}/{k}": v for k, v in stats.items() if k != "coverage"})
@@ -57,7 +58,8 @@ class GroupAlgorithm(Algorithm):
         adv = compute_step_advantages(self.spec.name, *columns, valid=b.valid, options=self.options,
                                       prefix_anchors=prefix_anchors_of(b))
         out[:n] = adv
-        row_means = diagnostic_metrics(columns, b.valid, self.options) if self.diagnostics else {}
+        row_means = diagnostic_metrics(columns, b.valid, self.options, prefix_anchors_of(b)) \
+            if self.diagnostics else {}
         levels = hierarchy_stats(b.task_id, b.traj_id, b.step_id, b.anchor, K=self.options.K,
                                  prefix_anchors=prefix_anchors_of(b))
         for k, frac in enumerate(levels):
