@@ -88,7 +88,9 @@ def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int) -> str:
 
 
 def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
-           iterations: int, extra: list[str]) -> list[dict]:
+           iterations: int, extra: list[str], arms: dict | None = None) -> list[dict]:
+    """One method's RL run (`arms[name]`'s overrides, default ESTIMATORS) from the seed's warm
+    start on toy_hgpo: reused when finished, resumed from its checkpoints when cut."""
     from hgpo_jax.trainers.rl import Trainer
 
     run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
@@ -96,9 +98,10 @@ def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: i
         return read_metrics(run_dir)
     overrides = [f"model.path={sft_dir}", f"env.name={env}", f"env.memory_len={memory_len}",
                  f"train.seed={seed}", f"train.iterations={iterations}", f"train.run_dir={run_dir}",
-                 *ESTIMATORS[name], *extra]
+                 *(ESTIMATORS if arms is None else arms)[name], *extra]
     cfg = load_config("toy_hgpo", overrides)
-    resume = os.path.isdir(os.path.join(run_dir, "checkpoints"))
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    resume = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
     with Trainer(cfg, resume=resume, progress=False) as trainer:
         trainer.train()
     open(os.path.join(run_dir, "done"), "w").close()

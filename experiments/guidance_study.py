@@ -36,10 +36,9 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (curves, mean_ci, plot_success, run_seconds,  # noqa: E402
-                                run_sft, write_results)
+from compare_estimators import (curves, mean_ci, plot_success, run_rl,  # noqa: E402
+                                run_seconds, run_sft, write_results)
 
-from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
 
 GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma",
@@ -52,26 +51,6 @@ ARMS = {  # name -> overrides
     "hgpo_k2_g2": ["algo.estimator=hgpo", "algo.K=2", *GUIDED],
 }
 PAIRS = (("grpo_g2", "grpo"), ("hgpo_k2_g2", "hgpo_k2"))
-
-
-def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
-           iterations: int, extra: list[str]) -> list[dict]:
-    """One arm's RL run from the seed's warm start (reused when finished, resumed when cut)."""
-    from hgpo_jax.trainers.rl import Trainer
-
-    run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
-    if os.path.isfile(os.path.join(run_dir, "done")):
-        return read_metrics(run_dir)
-    overrides = [f"model.path={sft_dir}", f"env.name={env}", f"env.memory_len={memory_len}",
-                 f"train.seed={seed}", f"train.iterations={iterations}", f"train.run_dir={run_dir}",
-                 "train.save_every=1", *ARMS[name], *extra]
-    cfg = load_config("toy_hgpo", overrides)
-    resume = os.path.isdir(os.path.join(run_dir, "checkpoints")) and bool(
-        os.listdir(os.path.join(run_dir, "checkpoints")))
-    with Trainer(cfg, resume=resume, progress=False) as trainer:
-        trainer.train()
-    open(os.path.join(run_dir, "done"), "w").close()
-    return read_metrics(run_dir)
 
 
 def guidance_curves(records: list[dict]) -> dict[str, list]:
@@ -131,7 +110,7 @@ def main(argv=None) -> dict:
         timing[f"sft-s{seed}"] = run_seconds(read_metrics(sft_dir))
         for name in args.arms:
             records = run_rl(args.out, name, seed, sft_dir, args.env, args.memory_len,
-                             args.iterations, args.overrides)
+                             args.iterations, ["train.save_every=1", *args.overrides], ARMS)
             timing[f"{name}-s{seed}"] = run_seconds(records)
             runs[name][seed] = curves(records)
             if name in guidance:

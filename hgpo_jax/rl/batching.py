@@ -425,13 +425,8 @@ def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
     split's loss. Rows without response tokens weigh 0.
     """
     tokens = np.asarray(response_tokens, np.float64)
-    flat = tokens.reshape(-1)
-    if num_micro < 1 or flat.size % num_micro:
-        raise ValueError(f"fixed_micro_weights: {flat.size} rows cannot form {num_micro} "
-                         "equal micro-batches")
-    j = np.arange(flat.size) % num_micro
+    flat, j, total = _fixed_micro_totals(tokens, num_micro, "fixed_micro_weights")
     has = flat > 0
-    total = np.bincount(j, weights=flat, minlength=num_micro)[j]
     token_w = np.where(has, 1.0 / (num_micro * np.maximum(total, 1.0)), 0.0)
     if agg == "token-mean":
         agg_w = token_w
@@ -444,6 +439,18 @@ def fixed_micro_weights(response_tokens, num_micro: int, agg: str = "token-mean"
             agg_w.reshape(tokens.shape).astype(np.float32))
 
 
+def _fixed_micro_totals(values: np.ndarray, num_micro: int, caller: str):
+    """The fixed split of a mini-batch's rows (global row r in micro-batch r % num_micro):
+    (flat values [R], each row's micro-batch j [R], the sum of the values of each row's
+    micro-batch [R]). Raises ValueError (naming `caller`) when R rows do not form num_micro equal
+    micro-batches."""
+    flat = values.reshape(-1)
+    if num_micro < 1 or flat.size % num_micro:
+        raise ValueError(f"{caller}: {flat.size} rows cannot form {num_micro} equal micro-batches")
+    j = np.arange(flat.size) % num_micro
+    return flat, j, np.bincount(j, weights=flat, minlength=num_micro)[j]
+
+
 def fixed_micro_row_weights(weights, num_micro: int) -> np.ndarray:
     """Per-row weights under which a mini-batch split any other way has the loss of a weighted
     mean per fixed micro-batch (`fixed_micro_weights`' split: micro-batch j holds the global rows
@@ -454,12 +461,7 @@ def fixed_micro_row_weights(weights, num_micro: int) -> np.ndarray:
     over the rows, in any grouping, gives the mean over the fixed micro-batches of
     sum_j(w x value) / W_j (prefix SFT's loss, `rl.prefix_sft`)."""
     w = np.asarray(weights, np.float64)
-    flat = w.reshape(-1)
-    if num_micro < 1 or flat.size % num_micro:
-        raise ValueError(f"fixed_micro_row_weights: {flat.size} rows cannot form {num_micro} "
-                         "equal micro-batches")
-    j = np.arange(flat.size) % num_micro
-    total = np.bincount(j, weights=flat, minlength=num_micro)[j]
+    flat, _, total = _fixed_micro_totals(w, num_micro, "fixed_micro_row_weights")
     out = np.where(total > 0, flat / (num_micro * np.where(total > 0, total, 1.0)), 0.0)
     return out.reshape(w.shape).astype(np.float32)
 

@@ -295,9 +295,9 @@ class Played:
     "" for an env that failed there), whether it was won, whether the pool failed it, and its
     score after its last turn (`score` None for an env without one, `EnvSpec.score_key`; an
     entry None for an env that played no turn); timing: the loop's seconds per phase.
-    prefix_steps, prefix_reward, prefix_anchors: the expert steps replayed before the policy
-    played (`prefixes`), the training reward they earned and the anchors of the observations
-    they were played from, in order (zeros and empty lists without a prefix); prefix_turns:
+    prefix_anchors: the anchors of the observations the expert steps replayed before the policy
+    played (`prefixes`) were played from, in order (empty lists without a prefix; their number is
+    `prefix_steps`); prefix_turns:
     each env's replayed steps as `ReplayedTurn`s (`play_lockstep(sft_prompts=True)`; else empty
     lists)."""
 
@@ -306,10 +306,13 @@ class Played:
     failed: list[bool]
     score: list | None
     timing: dict
-    prefix_steps: list[int] = dataclasses.field(default_factory=list)
-    prefix_reward: list[float] = dataclasses.field(default_factory=list)
     prefix_anchors: list[list] = dataclasses.field(default_factory=list)
     prefix_turns: list[list] = dataclasses.field(default_factory=list)
+
+    @property
+    def prefix_steps(self) -> list[int]:
+        """[M] the expert steps each env replayed (0 without a prefix; [] when none was given)."""
+        return [len(a) for a in self.prefix_anchors]
 
 
 def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int, memory_len: int,
@@ -329,7 +332,7 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
 
     prefixes: env i's expert actions to replay first (expert-guided rollouts, `rl.guide`; None
     or [] for none): after the reset they are sent to the env as they are, step j of every env
-    that has one together, each kept in the memory as a turn of the agent's own (`replay_prefix`);
+    that has one together, each kept in the memory as a turn of the agent's own (`replayed_reply`);
     they earn the episode its rewards and may win or end it, but `on_turn` never sees them (they
     are no rows). The policy then plays the env's remaining `max_steps - len(prefix)` steps, its
     turns numbered from 0 (`PlayedTurn.step`: the rows' step ids; the replayed steps are their
@@ -358,9 +361,7 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     history: list[list[Turn]] = [[] for _ in range(num_envs)]
     won = [False] * num_envs
     score = [None] * num_envs
-    start = [0] * num_envs               # each env's first policy step (its prefix's length)
-    prefix_reward = [0.0] * num_envs
-    prefix_anchors: list[list] = [[] for _ in range(num_envs)]
+    prefix_anchors: list[list] = [[] for _ in range(num_envs)]  # one per replayed step
     prefix_turns: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
 
     def record(i: int, r: EnvReply) -> None:  # an env's answer to a turn played (prefix or policy)
@@ -390,14 +391,13 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
                 prefix_anchors[i].append(infos[i]["anchor"])
                 if sft_prompts:
                     prefix_turns[i].append(ReplayedTurn(shown[i], actions[i]))
-                prefix_reward[i] += float(spec.train_reward(r.reward, r.info))
-                start[i] = j + 1
                 record(i, r)
         timing["prefix"] = time.perf_counter() - t1
 
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
-        active = [i for i in range(num_envs) if running[i] and start[i] + t < max_steps]
+        active = [i for i in range(num_envs)
+                  if running[i] and len(prefix_anchors[i]) + t < max_steps]
         # processes sample together (one SPMD program): one with no env left still takes part
         if not (any_process(bool(active)) if together else active):
             break
@@ -431,7 +431,7 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
         bar.update(1)
     bar.close()
     return Played(task_text, won, failed, score if spec.score_key is not None else None, timing,
-                  prefix_steps=start, prefix_reward=prefix_reward, prefix_anchors=prefix_anchors,
+                  prefix_anchors=prefix_anchors,
                   prefix_turns=prefix_turns if sft_prompts else [])
 
 
