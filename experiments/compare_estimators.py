@@ -78,13 +78,28 @@ def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int) -> str:
     from hgpo_jax.trainers.sft import SftTrainer
 
     run_dir = os.path.join(out, "runs", f"sft-s{seed}")
-    if os.path.isdir(os.path.join(run_dir, "checkpoints")) and os.listdir(os.path.join(run_dir, "checkpoints")):
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    saved = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+    if str(steps) in saved:
         return run_dir  # reuse a finished warm start (the experiment can be resumed)
     cfg = load_config("toy_format", [f"env.name={env}", f"env.memory_len={memory_len}",
                                      f"train.seed={seed}", f"sft.steps={steps}", f"train.run_dir={run_dir}"])
-    with SftTrainer(cfg, progress=False) as trainer:
+    with SftTrainer(cfg, resume=bool(saved), progress=False) as trainer:
         trainer.train()
+    if str(steps) not in os.listdir(checkpoints):  # SIGTERM: saved and stopped early
+        raise SystemExit(f"{run_dir}: stopped before step {steps}; run the same command again "
+                         "to resume it")
     return run_dir
+
+
+def rl_config(run_dir: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
+              iterations: int, extra: list[str], arms: dict | None = None):
+    """The config of one method's RL run in `run_dir` (`arms[name]`'s overrides, default
+    ESTIMATORS, on toy_hgpo from the seed's warm start `sft_dir`)."""
+    return load_config("toy_hgpo", [
+        f"model.path={sft_dir}", f"env.name={env}", f"env.memory_len={memory_len}",
+        f"train.seed={seed}", f"train.iterations={iterations}", f"train.run_dir={run_dir}",
+        *(ESTIMATORS if arms is None else arms)[name], *extra])
 
 
 def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: int,
@@ -96,14 +111,15 @@ def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: i
     run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
     if os.path.isfile(os.path.join(run_dir, "done")):
         return read_metrics(run_dir)
-    overrides = [f"model.path={sft_dir}", f"env.name={env}", f"env.memory_len={memory_len}",
-                 f"train.seed={seed}", f"train.iterations={iterations}", f"train.run_dir={run_dir}",
-                 *(ESTIMATORS if arms is None else arms)[name], *extra]
-    cfg = load_config("toy_hgpo", overrides)
+    cfg = rl_config(run_dir, name, seed, sft_dir, env, memory_len, iterations, extra, arms)
     checkpoints = os.path.join(run_dir, "checkpoints")
     resume = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
     with Trainer(cfg, resume=resume, progress=False) as trainer:
         trainer.train()
+        reached = trainer.iteration
+    if reached < iterations:  # SIGTERM: the trainer saved and stopped early
+        raise SystemExit(f"{run_dir}: stopped at iteration {reached} of {iterations}; run the "
+                         "same command again to resume it")
     open(os.path.join(run_dir, "done"), "w").close()
     return read_metrics(run_dir)
 

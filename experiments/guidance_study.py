@@ -1,7 +1,7 @@
 """Expert-guided rollouts (Agent-G², docs/guidance.md) against the same estimator without them,
 on the history-dependent toy task, several paired seeds: does guidance raise hint-free success?
 
-  python experiments/guidance_study.py                          # 5 seeds x 4 arms
+  python experiments/guidance_study.py                          # 5 seeds x 6 arms
   taskset -c 0 python experiments/guidance_study.py --seeds 0 2 4 &   # one process per core,
   taskset -c 1 python experiments/guidance_study.py --seeds 1 3       # then collect (finished
   python experiments/guidance_study.py                                # runs are reused)
@@ -9,10 +9,11 @@ on the history-dependent toy task, several paired seeds: does guidance raise hin
 
 The task is "toy-history" (experiments/compare_estimators.py's setting: press a coloured button,
 walk a corridor, open the door of the pressed colour; memory H = 4). Per seed one format-only
-warm start (hgpo-jax sft on random episodes) is shared by the four arms: GRPO and HGPO K=2, each
+warm start (hgpo-jax sft on random episodes) is shared by the arms: GRPO and HGPO K=2, each
 without and with guidance (`guidance.enable=true`, the authors' scripts' schedule values:
 dynamic_sigma, batch_acc_low = batch_acc_high = 0.5; 3 clusters of the experts' lengths, 3-5
-steps; the experts are the env's optimal solutions). Everything else is equal: 16 tasks x 8
+steps; the experts are the env's optimal solutions), without and with the authors' prefix-SFT
+term (`guidance.sft_coef=0.5`, their scripts' value). Everything else is equal: 16 tasks x 8
 rollouts per iteration, the optimizer, the loss, the iterations. After every iteration, success
 on 48 held-out tasks at temperature 0.4, played WITHOUT a prefix (hint-free), is logged.
 
@@ -36,9 +37,10 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (curves, mean_ci, plot_success, run_rl,  # noqa: E402
-                                run_seconds, run_sft, write_results)
+from compare_estimators import (SPLIT, curves, mean_ci, plot_success,  # noqa: E402
+                                rl_config, run_rl, run_seconds, run_sft, write_results)
 
+from hgpo_jax.envs.toy import PALETTE  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
 
 GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma",
@@ -49,8 +51,13 @@ ARMS = {  # name -> overrides
     "grpo_g2": ["algo.estimator=grpo", *GUIDED],
     "hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"],
     "hgpo_k2_g2": ["algo.estimator=hgpo", "algo.K=2", *GUIDED],
+    # with the authors' prefix-SFT term (their scripts' coefficient): the replayed steps are
+    # also trained on as supervised rows, so the steps the policy no longer plays are kept
+    "grpo_g2_sft": ["algo.estimator=grpo", *GUIDED, "guidance.sft_coef=0.5"],
+    "hgpo_k2_g2_sft": ["algo.estimator=hgpo", "algo.K=2", *GUIDED, "guidance.sft_coef=0.5"],
 }
-PAIRS = (("grpo_g2", "grpo"), ("hgpo_k2_g2", "hgpo_k2"))
+PAIRS = (("grpo_g2", "grpo"), ("hgpo_k2_g2", "hgpo_k2"), ("grpo_g2_sft", "grpo"),
+         ("hgpo_k2_g2_sft", "hgpo_k2"))
 
 
 def guidance_curves(records: list[dict]) -> dict[str, list]:
@@ -62,6 +69,54 @@ def guidance_curves(records: list[dict]) -> dict[str, list]:
     for r in records:
         by_step.setdefault(int(r["step"]), {}).update(r)
     return {k: [by_step[s].get(m) for s in sorted(by_step)] for k, m in keys.items()}
+
+
+PLACES = {"button": "room", "corridor": "corridor", "junction": "junction"}  # anchor word -> place
+RIGHT = {"room": "press", "corridor": "go", "junction": "open"}  # the verb each place needs
+
+
+def held_out_actions(cfg, resume: bool, tasks: int = 16, temperature: float = 0.4) -> dict:
+    """What a policy does on the held-out tasks, hint-free: the run's last checkpoint (resume)
+    or its warm start plays the first `tasks` held-out tasks, 8 rollouts each, at `temperature`;
+    per place of the toy world (room, corridor, junction) the count of each action verb and the
+    share of the verb that place needs; the rollouts' success; the doors opened (each ends its
+    episode) and the share of them that was the pressed colour (door_accuracy; chance: 1/3); the
+    colour the first step presses most often when its button is there, and how often
+    (habit_colour, habit_share): a policy that always presses one colour and opens that colour's
+    door wins whenever the task has it, without reading its memory (buttons and doors share the
+    task's colours)."""
+    from hgpo_jax.rl.rollout import collect_rollouts
+    from hgpo_jax.trainers.rl import Trainer
+
+    with Trainer(cfg, resume=resume, progress=False, record=False) as tr:
+        group = tr.cfg.rollout.num_groups * tr.cfg.rollout.group_size // tasks
+        batch = collect_rollouts(tr.policy(temperature), tr.pool,
+                                 tr.env_spec.list_tasks(cfg.env, SPLIT)[:tasks], group,
+                                 cfg.env.max_steps, cfg.env.memory_len, rng=123,
+                                 spec=tr.env_spec, agent=tr.agent)
+        replies = [tr.tokenizer.decode(r) for r in batch.response_ids]
+    verbs: dict[str, dict[str, int]] = {p: {} for p in RIGHT}
+    doors = 0  # a door of the junction opened: it ends the episode, won or lost
+    present: dict[str, int] = {}  # first step: colour -> rooms showing its button
+    pressed: dict[str, int] = {}  # colour -> first steps that pressed it
+    for step, anchor, reply in zip(batch.step_id, batch.anchor, replies):
+        place = next((p for word, p in PLACES.items() if word in anchor), None)
+        if place is None:
+            continue
+        action = reply.split("<action>")[-1].split("</action>")[0].strip()
+        verb = action.split(" ")[0] if action else "(none)"
+        verbs[place][verb] = verbs[place].get(verb, 0) + 1
+        doors += place == "junction" and verb == "open" and action[len("open "):] in anchor
+        if step == 0:
+            for colour in (c for c in PALETTE if f"{c} button" in anchor):
+                present[colour] = present.get(colour, 0) + 1
+                pressed[colour] = pressed.get(colour, 0) + (action == f"press {colour} button")
+    right = {p: verbs[p].get(RIGHT[p], 0) / max(1, sum(verbs[p].values())) for p in RIGHT}
+    wins = int(np.sum(batch.episode_won))
+    habit = max(present, key=lambda c: pressed[c] / present[c])
+    return {"success": float(np.mean(batch.episode_won)), "verbs": verbs, "right_verb": right,
+            "doors_opened": int(doors), "door_accuracy": wins / max(1, int(doors)),
+            "habit_colour": habit, "habit_share": pressed[habit] / present[habit]}
 
 
 def summarize(runs: dict[str, dict[int, dict]], iterations: int) -> dict:
@@ -98,6 +153,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--env", default="toy-history")
     ap.add_argument("--memory-len", type=int, default=4)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "guidance_study"))
+    ap.add_argument("--actions", type=int, nargs="*", default=[], metavar="SEED",
+                    help="for these seeds, tabulate what each arm's final policy and the warm "
+                         "start do on held-out tasks, place by place (held_out_actions)")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every RL run")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -119,8 +177,23 @@ def main(argv=None) -> dict:
             print(f"seed {seed} {name:<11} held-out success first {c[0]:.3f} last {c[-1]:.3f} "
                   f"({timing[f'{name}-s{seed}']:.0f} s)", flush=True)
     summary = summarize(runs, args.iterations)
+    actions: dict[str, dict[int, dict]] = {}  # name -> seed -> held_out_actions
+    for seed in args.actions:
+        sft_dir = run_sft(args.out, seed, args.env, args.memory_len, args.sft_steps)
+        extra = ["train.save_every=1", *args.overrides]
+        folders = {"warm start": ("grpo", os.path.join(args.out, "runs", f"warm-s{seed}"), False),
+                   **{n: (n, os.path.join(args.out, "runs", f"{n}-s{seed}"), True)
+                      for n in args.arms}}
+        for name, (arm, folder, resume) in folders.items():
+            a = held_out_actions(rl_config(folder, arm, seed, sft_dir, args.env, args.memory_len,
+                                           args.iterations, extra, ARMS), resume=resume)
+            actions.setdefault(name, {})[seed] = a
+            print(f"seed {seed} {name:<15} success {a['success']:.3f}  door accuracy "
+                  f"{a['door_accuracy']:.2f} ({a['doors_opened']} doors)  presses {a['habit_colour']} "
+                  f"{a['habit_share']:.2f} of the time  right verb: "
+                  + "  ".join(f"{p} {v:.2f}" for p, v in a["right_verb"].items()), flush=True)
     result = write_results("guidance_study.py", argv, args, t0, timing, summary, runs=runs,
-                           guidance=guidance)
+                           guidance=guidance, actions=actions)
     png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
                         for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
                        "toy-history, hint-free held-out success: mean and 95% interval")
