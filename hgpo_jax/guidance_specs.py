@@ -21,6 +21,7 @@ from hgpo_jax.problems import Problems, is_int
 SIGMA_MODES = ("fixed_sigma", "dynamic_sigma")  # the authors': any mode but fixed is dynamic
 SAMPLE_MODES = ("gaussian", "uniform_fixed")
 GROUP_MODES = ("auto", "short_medium_long", "webshop_3")
+EXPERT_TASKS = ("split", "drawn")
 
 
 @dataclass
@@ -83,6 +84,7 @@ class GuidanceOptions(ScheduleOptions):
     share_prefix_within_group: bool = True  # one draw per task, shared by its group's rollouts
     empty_policy_rollout_retry_limit: int = 3  # redraws when no env of a batch played a turn
     sft_coef: float = 0.0  # prefix SFT: weight of the replayed steps' supervised term (scripts: 0.5)
+    expert_tasks: str = "split"  # split (every training task) | drawn (those the run's iterations draw)
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("difficulty_group_mode", self.difficulty_group_mode, GROUP_MODES)
@@ -93,3 +95,4 @@ class GuidanceOptions(ScheduleOptions):
                 "empty_policy_rollout_retry_limit", self.empty_policy_rollout_retry_limit,
                 ">= 0 (an int)")
         p.non_negative("sft_coef", self.sft_coef, "0: no prefix SFT")
+        p.one_of("expert_tasks", self.expert_tasks, EXPERT_TASKS)

@@ -244,3 +244,29 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
             Trainer(other, resume=True, progress=False, allow_change=True)
     finally:
         runs.load_model = original
+
+
+def test_expert_tasks_drawn_records_only_the_tasks_the_run_will_draw(tmp_path):
+    """guidance.expert_tasks=drawn: the experts of exactly the tasks the run's sampler draws over
+    its iterations (the same as those of the whole split, for those tasks); a value other than
+    split | drawn is a config error naming the key."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.envs.registry import get_env
+    from hgpo_jax.trainers.rl import TaskSampler, guidance_experts
+
+    def config(*extra):
+        return load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
+                                            "guidance.enable=true", "train.iterations=3",
+                                            "train.seed=5", *extra])
+
+    cfg = config("guidance.expert_tasks=drawn")
+    split = get_env(cfg.env.name).list_tasks(cfg.env, cfg.env.split)
+    sampler = TaskSampler(split, cfg.train.seed)  # what the trainer draws, iteration by iteration
+    drawn = {t for _ in range(cfg.train.iterations) for t in sampler.next(cfg.rollout.num_groups)}
+    experts = guidance_experts(cfg, resume=False, progress=False)
+    assert set(experts) == drawn and 0 < len(drawn) < len(split)
+    everything = guidance_experts(config(), resume=False, progress=False)
+    assert len(everything) == len(split)
+    assert experts == {t: everything[t] for t in drawn}
+    with pytest.raises(ValueError, match="expert_tasks"):
+        config("guidance.expert_tasks=some")

@@ -228,16 +228,27 @@ class LoopState:
 
 
 # --------------------------------------------------------------------------- guidance
+def drawn_tasks(tasks: list, cfg) -> list:
+    """The distinct tasks a run's `TaskSampler` (seeded by train.seed) draws over its
+    train.iterations x rollout.num_groups, in first-drawn order."""
+    sampler = TaskSampler(tasks, cfg.train.seed)
+    return list(dict.fromkeys(sampler.next(cfg.train.iterations * cfg.rollout.num_groups)))
+
+
 def guidance_experts(cfg, resume: bool, progress: bool) -> dict:
-    """The experts of the training split's tasks (`EnvSpec.expert_trajectories`: played through
-    the env once, then read from the cache) for a guided run; resuming, the newest checkpoint's
-    schedule must have been made over the same difficulty clusters (`rl.guide.clusters_of`), or
-    a ValueError says what differs, before any weights load."""
+    """The experts (`EnvSpec.expert_trajectories`: played through the env once, then read from
+    the cache) of the training split's tasks, or with guidance.expert_tasks=drawn of those the
+    run will draw (`drawn_tasks`), for a guided run; resuming, the newest checkpoint's schedule
+    must have been made over the same difficulty clusters (`rl.guide.clusters_of`), or a
+    ValueError says what differs, before any weights load."""
     import os
 
     from hgpo_jax.checkpoint import Checkpointer
 
-    experts = get_env(cfg.env.name).expert_trajectories(cfg.env, cfg.env.split, progress=progress)
+    spec = get_env(cfg.env.name)
+    tasks = (drawn_tasks(spec.list_tasks(cfg.env, cfg.env.split), cfg)
+             if cfg.guidance.expert_tasks == "drawn" else None)
+    experts = spec.expert_trajectories(cfg.env, cfg.env.split, progress=progress, tasks=tasks)
     folder = os.path.join(cfg.run_path(), CHECKPOINTS)
     if not resume or not os.path.isdir(folder):
         return experts
