@@ -18,9 +18,10 @@ rollouts per iteration, the optimizer, the loss, the iterations. After every ite
 on 48 held-out tasks at temperature 0.4, played WITHOUT a prefix (hint-free), is logged.
 
 Writes OUT/results.json (per arm: held-out success per iteration with 95% intervals over seeds,
-the last third per seed and its interval; per estimator the paired difference guided - unguided
-of the last third, per seed, with its 95% t interval; the guidance metrics; wall times; the
-command) and OUT/success.png. Runs live in OUT/runs/ (resumable).
+the last third per seed and its interval; per run its training statistics; per estimator the
+paired difference guided - unguided of the last third, per seed, with its 95% t interval; the
+guidance metrics; with --actions what the final policies do; wall times; the command),
+OUT/results.md (its tables) and OUT/success.png. Runs live in OUT/runs/ (resumable).
 """
 
 from __future__ import annotations
@@ -69,6 +70,20 @@ def guidance_curves(records: list[dict]) -> dict[str, list]:
     for r in records:
         by_step.setdefault(int(r["step"]), {}).update(r)
     return {k: [by_step[s].get(m) for s in sorted(by_step)] for k, m in keys.items()}
+
+
+def run_stats(records: list[dict], third: int) -> dict[str, float]:
+    """Over a run's last `third` iterations: training success (guided arms: with their
+    prefixes), optimizer updates per iteration, KL to the reference, and with guidance the mean
+    share of the expert's steps replayed and mu_global."""
+    by_step: dict[int, dict] = {}
+    for r in records:
+        by_step.setdefault(int(r["step"]), {}).update(r)
+    last = [by_step[s] for s in sorted(by_step)][-third:]
+    keys = {"train_success": "success/all", "updates": "train/updates", "kl": "train/kl_loss",
+            "prefix_share": "guidance/prefix_share", "mu_global": "guidance/mu_global"}
+    return {k: float(np.mean([r[m] for r in last if m in r])) if any(m in r for r in last)
+            else None for k, m in keys.items()}
 
 
 PLACES = {"button": "room", "corridor": "corridor", "junction": "junction"}  # anchor word -> place
@@ -143,6 +158,45 @@ def summarize(runs: dict[str, dict[int, dict]], iterations: int) -> dict:
     return out
 
 
+def report(result: dict) -> str:
+    """results.md: the command, per arm the last third's hint-free held-out success (mean, 95%
+    interval, per seed) and training statistics, the paired differences, and with --actions what
+    the final policies do on held-out tasks."""
+    f2 = "{:.3f}".format
+    s, lines = result["summary"], [f"`{result['command']}`", "",
+                                   f"Wall time {result['wall_seconds']:.0f} s in this invocation; "
+                                   f"the runs' own time {result['run_seconds_total']:.0f} s.", ""]
+    lines += ["| arm | held-out success, last third | per seed | training success | updates "
+              "per iteration | KL | prefix share | mu_global |", "|---|---|---|---|---|---|---|---|"]
+    for name, a in s["arms"].items():
+        m, h = a["last_third"]
+        per_seed = ", ".join(f2(v) for _, v in sorted(a["last_third_per_seed"].items()))
+        st = list(result["stats"].get(name, {}).values())
+
+        def mean(key):
+            v = [x[key] for x in st if x.get(key) is not None]
+            return f2(float(np.mean(v))) if v else "-"
+        lines.append(f"| {name} | **{f2(m)}** +/- {f2(h)} | {per_seed} | {mean('train_success')} "
+                     f"| {mean('updates')} | {mean('kl')} | {mean('prefix_share')} "
+                     f"| {mean('mu_global')} |")
+    lines += ["", "| guided - unguided | mean +/- 95% | per seed | guided better |", "|---|---|---|---|"]
+    for pair, p in s["paired"].items():
+        m, h = p["mean_ci95"]
+        per_seed = ", ".join(f"{v:+.3f}" for _, v in sorted(p["per_seed"].items()))
+        lines.append(f"| {pair} | **{m:+.3f}** +/- {f2(h)} | {per_seed} | "
+                     f"{p['guided_better']} of {p['seeds']} |")
+    if result.get("actions"):
+        lines += ["", "| seed | policy | success | door accuracy (doors) | colour pressed most, "
+                  "share | right verb: room / corridor / junction |", "|---|---|---|---|---|---|"]
+        for name, by_seed in result["actions"].items():
+            for seed, a in sorted(by_seed.items()):
+                rv = a["right_verb"]
+                lines.append(f"| {seed} | {name} | {f2(a['success'])} | {a['door_accuracy']:.2f} "
+                             f"({a['doors_opened']}) | {a['habit_colour']} {a['habit_share']:.2f} "
+                             f"| {rv['room']:.2f} / {rv['corridor']:.2f} / {rv['junction']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -161,6 +215,7 @@ def main(argv=None) -> dict:
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     runs: dict[str, dict[int, dict]] = {name: {} for name in args.arms}
+    stats: dict[str, dict[int, dict]] = {name: {} for name in args.arms}
     guidance: dict[str, dict[int, dict]] = {name: {} for name in args.arms if "g2" in name}
     timing = {}
     for seed in args.seeds:
@@ -171,6 +226,7 @@ def main(argv=None) -> dict:
                              args.iterations, ["train.save_every=1", *args.overrides], ARMS)
             timing[f"{name}-s{seed}"] = run_seconds(records)
             runs[name][seed] = curves(records)
+            stats[name][seed] = run_stats(records, max(1, args.iterations // 3))
             if name in guidance:
                 guidance[name][seed] = guidance_curves(records)
             c = runs[name][seed]["eval"]
@@ -193,7 +249,9 @@ def main(argv=None) -> dict:
                   f"{a['habit_share']:.2f} of the time  right verb: "
                   + "  ".join(f"{p} {v:.2f}" for p, v in a["right_verb"].items()), flush=True)
     result = write_results("guidance_study.py", argv, args, t0, timing, summary, runs=runs,
-                           guidance=guidance, actions=actions)
+                           stats=stats, guidance=guidance, actions=actions)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(report(result))
     png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
                         for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
                        "toy-history, hint-free held-out success: mean and 95% interval")
