@@ -172,6 +172,15 @@ def run_cli(args, argv: list[str], state: dict) -> float:
     return time.perf_counter() - t0
 
 
+def trained_to_the_end(run_dir: str) -> bool:
+    """Whether the run's newest checkpoint is its last iteration (its recorded config's)."""
+    from hgpo_jax.config import load_config
+
+    folder = os.path.join(run_dir, "checkpoints")
+    steps = [int(n) for n in os.listdir(folder) if n.isdigit()] if os.path.isdir(folder) else []
+    return bool(steps) and max(steps) >= load_config(run_dir).train.iterations
+
+
 def has_checkpoint(run_dir: str) -> bool:
     return os.path.isdir(os.path.join(run_dir, "checkpoints")) and bool(
         os.listdir(os.path.join(run_dir, "checkpoints")))
@@ -237,6 +246,9 @@ def stage_rl(study: Study, args, state: dict) -> dict:
         argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
         train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+        if not trained_to_the_end(run):  # SIGTERM: the trainer saved and stopped early
+            raise SystemExit(f"{run}: stopped before its last iteration; run the same command "
+                             "again to resume it")
         eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *study.eval_overrides,
                                 *args.set_eval, *episodes_flag(study, args, name)], state)
         if study.keep_policies:
