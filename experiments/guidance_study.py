@@ -27,6 +27,7 @@ OUT/results.md (its tables) and OUT/success.png. Runs live in OUT/runs/ (resumab
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -241,8 +242,16 @@ def main(argv=None) -> dict:
                    **{n: (n, os.path.join(args.out, "runs", f"{n}-s{seed}"), True)
                       for n in args.arms}}
         for name, (arm, folder, resume) in folders.items():
-            a = held_out_actions(rl_config(folder, arm, seed, sft_dir, args.env, args.memory_len,
-                                           args.iterations, extra, ARMS), resume=resume)
+            kept = os.path.join(args.out, "runs", f"actions-{name.replace(' ', '_')}-s{seed}.json")
+            if os.path.isfile(kept):  # tabulated by an earlier invocation
+                with open(kept) as f:
+                    a = json.load(f)
+            else:
+                a = held_out_actions(rl_config(folder, arm, seed, sft_dir, args.env,
+                                               args.memory_len, args.iterations, extra, ARMS),
+                                     resume=resume)
+                with open(kept, "w") as f:
+                    json.dump(a, f)
             actions.setdefault(name, {})[seed] = a
             print(f"seed {seed} {name:<15} success {a['success']:.3f}  door accuracy "
                   f"{a['door_accuracy']:.2f} ({a['doors_opened']} doors)  presses {a['habit_colour']} "
