@@ -62,25 +62,28 @@ PAIRS = (("grpo_g2", "grpo"), ("hgpo_k2_g2", "hgpo_k2"), ("grpo_g2_sft", "grpo")
          ("hgpo_k2_g2_sft", "hgpo_k2"))
 
 
+def by_iteration(records: list[dict]) -> list[dict]:
+    """A run's metrics records merged per iteration, in order."""
+    by_step: dict[int, dict] = {}
+    for r in records:
+        by_step.setdefault(int(r["step"]), {}).update(r)
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def guidance_curves(records: list[dict]) -> dict[str, list]:
     """Per iteration: the schedule's global centre, the batch success it saw, the mean replayed
     steps."""
     keys = {"mu_global": "guidance/mu_global", "batch_success": "guidance/batch_success",
             "prefix_steps": "guidance/prefix_steps"}
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    return {k: [by_step[s].get(m) for s in sorted(by_step)] for k, m in keys.items()}
+    merged = by_iteration(records)
+    return {k: [r.get(m) for r in merged] for k, m in keys.items()}
 
 
 def run_stats(records: list[dict], third: int) -> dict[str, float]:
     """Over a run's last `third` iterations: training success (guided arms: with their
     prefixes), optimizer updates per iteration, KL to the reference, and with guidance the mean
     share of the expert's steps replayed and mu_global."""
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    last = [by_step[s] for s in sorted(by_step)][-third:]
+    last = by_iteration(records)[-third:]
     keys = {"train_success": "success/all", "updates": "train/updates", "kl": "train/kl_loss",
             "prefix_share": "guidance/prefix_share", "mu_global": "guidance/mu_global"}
     return {k: float(np.mean([r[m] for r in last if m in r])) if any(m in r for r in last)
