@@ -43,8 +43,8 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (mean_ci, plot_success, run_seconds,  # noqa: E402
-                                 write_results)
+from compare_estimators import (by_iteration, mean_ci, plot_success, run_seconds,  # noqa: E402
+                                write_results)
 
 from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
@@ -129,10 +129,7 @@ def window_success(run_dir: str, memory_len: int) -> dict[str, float]:
 
 
 def eval_curve(records: list[dict]) -> list[float]:
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    return [by_step[s].get(f"eval/{SPLIT}/all") for s in sorted(by_step)]
+    return [r.get(f"eval/{SPLIT}/all") for r in by_iteration(records)]
 
 
 def summarize(curves: dict, finals: dict, iterations: int) -> dict:

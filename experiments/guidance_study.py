@@ -39,8 +39,9 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (SPLIT, curves, mean_ci, plot_success,  # noqa: E402
-                                rl_config, run_rl, run_seconds, run_sft, write_results)
+from compare_estimators import (SPLIT, by_iteration, curves, mean_ci,  # noqa: E402
+                                plot_success, rl_config, run_rl, run_seconds, run_sft,
+                                write_results)
 
 from hgpo_jax.envs.toy import PALETTE  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
@@ -60,14 +61,6 @@ ARMS = {  # name -> overrides
 }
 PAIRS = (("grpo_g2", "grpo"), ("hgpo_k2_g2", "hgpo_k2"), ("grpo_g2_sft", "grpo"),
          ("hgpo_k2_g2_sft", "hgpo_k2"))
-
-
-def by_iteration(records: list[dict]) -> list[dict]:
-    """A run's metrics records merged per iteration, in order."""
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def guidance_curves(records: list[dict]) -> dict[str, list]:
