@@ -36,10 +36,15 @@ STAGES = ("experts", "sft", "eval_warm", "rl", "report")
 # the tasks a run draws (a few minutes instead of hours for ALFWorld's train split)
 GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma", "guidance.batch_acc_low=0.5",
           "guidance.batch_acc_high=0.5", "guidance.sft_coef=0.5", "guidance.expert_tasks=drawn"]
+# the same with shallower prefixes: mu_global starts at 0.5 and aims at a batch success of 0.25
+# (the authors': 0.8 and 0.5), so that the policy plays more of each episode than its last steps
+SHALLOW = [o for o in GUIDED if not o.startswith("guidance.batch_acc")] + [
+    "guidance.batch_acc_low=0.25", "guidance.batch_acc_high=0.25", "guidance.mu_global_init=0.5"]
 ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.estimator=gigpo"],
               "grpo": ["algo.estimator=grpo"],
               "grpo_g2": ["algo.estimator=grpo", *GUIDED],
-              "hgpo_k2_g2": ["algo.estimator=hgpo", "algo.K=2", *GUIDED]}
+              "hgpo_k2_g2": ["algo.estimator=hgpo", "algo.K=2", *GUIDED],
+              "grpo_g2_shallow": ["algo.estimator=grpo", *SHALLOW]}
 WARM_START = "warm_start"  # OUT/warm_start: the exported warm start (transformers folder)
 LOGS = "logs"  # OUT/logs/<name>/metrics.jsonl: what the report reads of each run
 EPISODES = "episodes"  # OUT/episodes/<name>.jsonl: each game of an evaluation (Study.keep_episodes)
@@ -237,7 +242,8 @@ def rl_done(study: Study, args, name: str) -> bool:
 
 
 def stage_rl(study: Study, args, state: dict) -> dict:
-    """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint),
+    """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint;
+    not at all when it has done its last iteration and only the evaluation is missing),
     evaluated, its metrics kept as OUT/logs/rl_<name> (and its final policy as OUT/<name>)."""
     for name, overrides in rl_runs(args).items():
         if rl_done(study, args, name):
@@ -245,16 +251,19 @@ def stage_rl(study: Study, args, state: dict) -> dict:
         run = os.path.join(args.runs, f"rl_{name}")
         argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
-        train_s = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
+        took = {"run": run}  # no "seconds" when trained in an earlier sitting (its eval cut short)
+        if not (has_checkpoint(run) and trained_to_the_end(run)):
+            took["seconds"] = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
         if not trained_to_the_end(run):  # SIGTERM: the trainer saved and stopped early
             raise SystemExit(f"{run}: stopped before its last iteration; run the same command "
                              "again to resume it")
-        eval_s = run_cli(args, ["eval", run, f"mesh.data={args.devices}", *study.eval_overrides,
-                                *args.set_eval, *episodes_flag(study, args, name)], state)
+        took["eval_seconds"] = run_cli(args, ["eval", run, f"mesh.data={args.devices}",
+                                              *study.eval_overrides, *args.set_eval,
+                                              *episodes_flag(study, args, name)], state)
         if study.keep_policies:
             run_cli(args, ["export", run, os.path.join(args.out, name), "--overwrite"], state)
         keep_log(run, args.out, f"rl_{name}")
-        state.setdefault("rl_runs", {})[name] = {"run": run, "seconds": train_s, "eval_seconds": eval_s}
+        state.setdefault("rl_runs", {})[name] = took
         save_state(args.out, state)
     return {"runs": sorted(n for n in rl_runs(args) if rl_done(study, args, n))}
 
