@@ -133,21 +133,13 @@ def run_seconds(records: list[dict]) -> float:
     return float(max(times) - min(times) + first) if times else float("nan")
 
 
-def by_iteration(records: list[dict]) -> list[dict]:
-    """A run's metrics records merged per iteration (step), in order."""
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def curves(records: list[dict]) -> dict[str, list]:
     """Per-iteration series of one run: held-out success, training success, diag/."""
     out = {"eval": [], "train": []}
     out.update({f"abs_dev/{e}": [] for e in DIAG})
     out.update({f"bias/{e}": [] for e in DIAG})
     out["coverage"] = []
-    for r in by_iteration(records):
+    for r in records:  # read_metrics: one record per iteration, in order
         out["eval"].append(r.get(f"eval/{SPLIT}/all"))
         out["train"].append(r.get("success/all"))
         for e in DIAG:

@@ -43,7 +43,7 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (by_iteration, mean_ci, plot_success, run_seconds,  # noqa: E402
+from compare_estimators import (mean_ci, plot_success, run_seconds,  # noqa: E402
                                 write_results)
 
 from hgpo_jax.config import load_config  # noqa: E402
@@ -129,7 +129,7 @@ def window_success(run_dir: str, memory_len: int) -> dict[str, float]:
 
 
 def eval_curve(records: list[dict]) -> list[float]:
-    return [r.get(f"eval/{SPLIT}/all") for r in by_iteration(records)]
+    return [r.get(f"eval/{SPLIT}/all") for r in records]
 
 
 def summarize(curves: dict, finals: dict, iterations: int) -> dict:

@@ -39,7 +39,7 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (SPLIT, by_iteration, curves, mean_ci,  # noqa: E402
+from compare_estimators import (SPLIT, curves, mean_ci,  # noqa: E402
                                 plot_success, rl_config, run_rl, run_seconds, run_sft,
                                 write_results)
 
@@ -68,15 +68,14 @@ def guidance_curves(records: list[dict]) -> dict[str, list]:
     steps."""
     keys = {"mu_global": "guidance/mu_global", "batch_success": "guidance/batch_success",
             "prefix_steps": "guidance/prefix_steps"}
-    merged = by_iteration(records)
-    return {k: [r.get(m) for r in merged] for k, m in keys.items()}
+    return {k: [r.get(m) for r in records] for k, m in keys.items()}
 
 
 def run_stats(records: list[dict], third: int) -> dict[str, float]:
     """Over a run's last `third` iterations: training success (guided arms: with their
     prefixes), optimizer updates per iteration, KL to the reference, and with guidance the mean
     share of the expert's steps replayed and mu_global."""
-    last = by_iteration(records)[-third:]
+    last = records[-third:]
     keys = {"train_success": "success/all", "updates": "train/updates", "kl": "train/kl_loss",
             "prefix_share": "guidance/prefix_share", "mu_global": "guidance/mu_global"}
     return {k: float(np.mean([r[m] for r in last if m in r])) if any(m in r for r in last)

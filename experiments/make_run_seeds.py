@@ -87,16 +87,13 @@ def read_run(rl_dir: str) -> dict:
     sys.path.insert(0, ROOT)
     from hgpo_jax.metrics import read_metrics
 
-    records = read_metrics(rl_dir)
-    by_step: dict[int, dict] = {}
-    for r in records:
-        by_step.setdefault(int(r["step"]), {}).update(r)
-    steps = sorted(s for s in by_step if f"eval/{SPLIT}/all" in by_step[s])
+    records = read_metrics(rl_dir)  # one record per iteration, in order
+    evaluated = [r for r in records if f"eval/{SPLIT}/all" in r]
     summary = {k.split("/", 2)[2]: v for r in records for k, v in r.items()
                if k.startswith(f"summary/eval_{SPLIT}/")}
-    return {"eval": [by_step[s][f"eval/{SPLIT}/all"] for s in steps],
-            "train": [by_step[s].get("success/all") for s in steps],
-            "kl_loss": [by_step[s].get("train/kl_loss") for s in steps],
+    return {"eval": [r[f"eval/{SPLIT}/all"] for r in evaluated],
+            "train": [r.get("success/all") for r in evaluated],
+            "kl_loss": [r.get("train/kl_loss") for r in evaluated],
             "summary": summary}
 
 
