@@ -177,13 +177,19 @@ def run_cli(args, argv: list[str], state: dict) -> float:
     return time.perf_counter() - t0
 
 
+def newest_checkpoint(run_dir: str) -> int:
+    """The iteration of the run's newest checkpoint (0: none)."""
+    folder = os.path.join(run_dir, "checkpoints")
+    steps = [int(n) for n in os.listdir(folder) if n.isdigit()] if os.path.isdir(folder) else []
+    return max(steps, default=0)
+
+
 def trained_to_the_end(run_dir: str) -> bool:
     """Whether the run's newest checkpoint is its last iteration (its recorded config's)."""
     from hgpo_jax.config import load_config
 
-    folder = os.path.join(run_dir, "checkpoints")
-    steps = [int(n) for n in os.listdir(folder) if n.isdigit()] if os.path.isdir(folder) else []
-    return bool(steps) and max(steps) >= load_config(run_dir).train.iterations
+    newest = newest_checkpoint(run_dir)
+    return newest > 0 and newest >= load_config(run_dir).train.iterations
 
 
 def has_checkpoint(run_dir: str) -> bool:
@@ -243,8 +249,10 @@ def rl_done(study: Study, args, name: str) -> bool:
 
 def stage_rl(study: Study, args, state: dict) -> dict:
     """Each RL run not kept yet: trained from the kept warm start (resuming from its checkpoint;
-    not at all when it has done its last iteration and only the evaluation is missing),
+    not at all when it has done the iterations asked and only its evaluation is missing),
     evaluated, its metrics kept as OUT/logs/rl_<name> (and its final policy as OUT/<name>)."""
+    from hgpo_jax.config import load_config
+
     for name, overrides in rl_runs(args).items():
         if rl_done(study, args, name):
             continue
@@ -252,7 +260,7 @@ def stage_rl(study: Study, args, state: dict) -> dict:
         argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
         took = {"run": run}  # no "seconds" when trained in an earlier sitting (its eval cut short)
-        if not (has_checkpoint(run) and trained_to_the_end(run)):
+        if newest_checkpoint(run) < load_config(study.rl_config, argv[2:]).train.iterations:
             took["seconds"] = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
         if not trained_to_the_end(run):  # SIGTERM: the trainer saved and stopped early
             raise SystemExit(f"{run}: stopped before its last iteration; run the same command "

@@ -130,33 +130,41 @@ def test_keep_log_refuses_a_run_without_metrics(tmp_path):
 
 
 def test_a_trained_run_whose_evaluation_was_cut_short_is_only_evaluated(tmp_path, monkeypatch):
-    """A run that has done its last iteration but was stopped during its evaluation is not
-    trained again (the trainer would refuse: nothing to resume): only evaluated and kept; one
-    stopped before its last iteration is resumed."""
+    """A run that has done the iterations asked but was stopped during its evaluation is not
+    trained again (the trainer would refuse: nothing to resume), only evaluated and kept; one
+    stopped before its last iteration is resumed, and so is a finished one asked for more."""
     from argparse import Namespace
 
     from hgpo_jax.config import load_config, save_config
 
-    args = Namespace(out=str(tmp_path / "out"), runs=str(tmp_path / "runs"), devices=1,
-                     estimators=["grpo"], seeds=[0, 1], set_rl=[], set_eval=[])
+    runs = tmp_path / "runs"
     for seed, step in ((0, 3), (1, 2)):  # seed 0 trained to the end (3 iterations), seed 1 not
-        run = tmp_path / "runs" / f"rl_grpo_s{seed}"
+        run = runs / f"rl_grpo_s{seed}"
         os.makedirs(run / "checkpoints" / str(step))
         save_config(load_config(None, ["train.iterations=3"]), str(run / "config.yaml"))
         (run / "metrics.jsonl").write_text("")
     called = []
 
-    def fake_cli(args, argv, state):
+    def fake_cli(args, argv, state):  # training saves the checkpoint of the last iteration asked
         called.append(argv[:2])
-        if argv[0] == "train":  # the resumed run finishes its iterations
-            os.rename(tmp_path / "runs" / "rl_grpo_s1" / "checkpoints" / "2",
-                      tmp_path / "runs" / "rl_grpo_s1" / "checkpoints" / "3")
+        if argv[0] == "train":
+            run = [a.split("=", 1)[1] for a in argv if a.startswith("train.run_dir=")][0]
+            asked = [a for a in argv if a.startswith("train.iterations=")]
+            os.makedirs(os.path.join(run, "checkpoints", asked[-1].split("=")[1] if asked else "3"))
         return 1.0
 
     monkeypatch.setattr(laptop, "run_cli", fake_cli)
-    state = {"done": {}, "commands": []}
     study = alfworld_laptop.STUDY
+    args = Namespace(out=str(tmp_path / "out"), runs=str(runs), devices=1, estimators=["grpo"],
+                     seeds=[0, 1], set_rl=["train.iterations=3"], set_eval=[])
+    state = {"done": {}, "commands": []}
     assert laptop.stage_rl(study, args, state)["runs"] == ["grpo_s0", "grpo_s1"]
-    s0, s1 = (str(tmp_path / "runs" / f"rl_grpo_s{s}") for s in (0, 1))
+    s0, s1 = (str(runs / f"rl_grpo_s{s}") for s in (0, 1))
     assert called == [["eval", s0], ["train", study.rl_config], ["eval", s1]]
     assert "seconds" not in state["rl_runs"]["grpo_s0"] and state["rl_runs"]["grpo_s1"]["seconds"] == 1.0
+
+    called.clear()  # the same runs, asked for 4 iterations (a fresh OUT: nothing kept there)
+    more = Namespace(**{**vars(args), "out": str(tmp_path / "out4"), "seeds": [0],
+                        "set_rl": ["train.iterations=4"]})
+    laptop.stage_rl(study, more, {"done": {}, "commands": []})
+    assert called == [["train", study.rl_config], ["eval", s0]]
