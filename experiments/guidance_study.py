@@ -39,9 +39,8 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from compare_estimators import (SPLIT, curves, mean_ci,  # noqa: E402
-                                plot_success, rl_config, run_rl, run_seconds, run_sft,
-                                write_results)
+from compare_estimators import (SPLIT, curves, mean_ci, plot_success,  # noqa: E402
+                                rl_config, run_rl, run_seconds, run_sft, write_results)
 
 from hgpo_jax.envs.toy import PALETTE  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402

@@ -184,14 +184,6 @@ def newest_checkpoint(run_dir: str) -> int:
     return max(steps, default=0)
 
 
-def trained_to_the_end(run_dir: str) -> bool:
-    """Whether the run's newest checkpoint is its last iteration (its recorded config's)."""
-    from hgpo_jax.config import load_config
-
-    newest = newest_checkpoint(run_dir)
-    return newest > 0 and newest >= load_config(run_dir).train.iterations
-
-
 def has_checkpoint(run_dir: str) -> bool:
     return os.path.isdir(os.path.join(run_dir, "checkpoints")) and bool(
         os.listdir(os.path.join(run_dir, "checkpoints")))
@@ -259,10 +251,11 @@ def stage_rl(study: Study, args, state: dict) -> dict:
         run = os.path.join(args.runs, f"rl_{name}")
         argv = ["train", study.rl_config, f"model.path={warm_start_dir(args.out)}",
                 f"train.run_dir={run}", f"mesh.data={args.devices}", *overrides, *args.set_rl]
+        asked = load_config(study.rl_config, argv[2:]).train.iterations
         took = {"run": run}  # no "seconds" when trained in an earlier sitting (its eval cut short)
-        if newest_checkpoint(run) < load_config(study.rl_config, argv[2:]).train.iterations:
+        if newest_checkpoint(run) < asked:
             took["seconds"] = run_cli(args, argv + (["--resume"] if has_checkpoint(run) else []), state)
-        if not trained_to_the_end(run):  # SIGTERM: the trainer saved and stopped early
+        if newest_checkpoint(run) < asked:  # SIGTERM: the trainer saved and stopped early
             raise SystemExit(f"{run}: stopped before its last iteration; run the same command "
                              "again to resume it")
         took["eval_seconds"] = run_cli(args, ["eval", run, f"mesh.data={args.devices}",

@@ -135,13 +135,10 @@ def test_a_trained_run_whose_evaluation_was_cut_short_is_only_evaluated(tmp_path
     stopped before its last iteration is resumed, and so is a finished one asked for more."""
     from argparse import Namespace
 
-    from hgpo_jax.config import load_config, save_config
-
     runs = tmp_path / "runs"
     for seed, step in ((0, 3), (1, 2)):  # seed 0 trained to the end (3 iterations), seed 1 not
         run = runs / f"rl_grpo_s{seed}"
         os.makedirs(run / "checkpoints" / str(step))
-        save_config(load_config(None, ["train.iterations=3"]), str(run / "config.yaml"))
         (run / "metrics.jsonl").write_text("")
     called = []
 
