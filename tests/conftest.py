@@ -3,23 +3,22 @@
 Eight virtual CPU devices are requested before JAX starts so that sharding tests can build
 (data, fsdp, tensor) meshes; single-device code runs on device 0 as usual.
 
-Compiling dominates the suite's time (tiny models run in milliseconds, their programs take
-seconds to compile), so the test session
-- compiles with XLA:CPU's backend optimizations off (`--xla_backend_optimization_level=0`, no
-  expensive LLVM passes: the same numbers, a faster compile; `hgpo-jax plan` compiles so too);
-- shares one persistent compilation cache (JAX_COMPILATION_CACHE_DIR) among its xdist workers
-  and the processes the tests start (they inherit the environment), made by the first process
-  of the session and removed by it at the end, so a program compiled once is read back
-  elsewhere. Set HGPO_JAX_TEST_JIT_CACHE to a folder to keep the cache between sessions.
+The test session compiles with XLA:CPU's cheapest code generation (tests/child_env.py: the same
+numbers, a faster compile) and shares one persistent compilation cache (JAX_COMPILATION_CACHE_DIR)
+among its xdist workers and the processes the tests start (they inherit the environment), made by
+the first process of the session and removed by it at the end, so a program compiled once is
+read back elsewhere. Set HGPO_JAX_TEST_JIT_CACHE to a folder to keep the cache between sessions.
+With HGPO_JAX_TEST_BREAKDOWN=FILE the session records where each test's time goes
+(tests/breakdown/, docs/testing.md).
 """
 
 import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8"
-                      " --xla_backend_optimization_level=0"
-                      " --xla_llvm_disable_expensive_passes=true")
+from child_env import xla_flags  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+
+os.environ["XLA_FLAGS"] = xla_flags(8, os.environ.get("XLA_FLAGS", ""))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _OWN_CACHE = "HGPO_JAX_TEST_JIT_CACHE" not in os.environ  # this process made the session's cache
 if _OWN_CACHE:
@@ -29,6 +28,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    """With HGPO_JAX_TEST_BREAKDOWN=FILE, record where each test's time goes (tests/breakdown)."""
+    if os.environ.get("HGPO_JAX_TEST_BREAKDOWN"):
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "breakdown"))
+        import plugin
+
+        config.pluginmanager.register(plugin, "hgpo_jax_breakdown")  # its pytest_configure runs
 
 
 def pytest_sessionfinish(session):

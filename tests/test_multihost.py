@@ -1,7 +1,7 @@
 """Multi-process runs on one machine: 2 JAX processes on localhost with one CPU device each (CPU
 collectives via gloo) against 1 process with 2 devices (docs/multihost.md).
 
-Every process is a subprocess with its own XLA_FLAGS (this test process has 8 virtual devices);
+Every process is a subprocess with its own device count (this test process has 8 virtual devices);
 each wait has a time-out and every process is killed in a `finally`.
 """
 
@@ -20,6 +20,8 @@ from hgpo_jax.metrics import read_metrics
 from hgpo_jax.build import resolve_model_path
 from hgpo_jax.trainers.rl import Trainer
 from hgpo_jax.config import load_config
+
+from child_env import child_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_SCRIPT = os.path.join(REPO, "tests", "multihost_step.py")
@@ -40,10 +42,8 @@ def free_port() -> int:
 
 
 def env_for(devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = child_env(devices)
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["TOKENIZERS_PARALLELISM"] = "false"
     return env
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from child_env import child_env
 from hf_models import build_hf_model
 
 from hgpo_jax.config import Config, load_config, save_config
@@ -218,7 +219,7 @@ RSS_CHILD = textwrap.dedent("""
 
 def run_rss_child(chunk: int) -> dict:
     """Sample 16 prompts of 3000-4096 tokens in a fresh interpreter; its peak RSS and timings."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()  # one CPU device
     done = subprocess.run([sys.executable, "-c", RSS_CHILD, str(chunk)], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from child_env import child_env
 from hf_models import TINY_SHAPES, build_hf_model
 
 from hgpo_jax.models import load_pretrained, make_mesh
@@ -453,7 +454,7 @@ def test_request_cpu_devices_splits_the_cpu_and_refuses_once_jax_started():
             raise AssertionError("no error after JAX started")
         print("ok")
     """)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()  # one CPU device
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
