@@ -167,13 +167,20 @@ def cli_env(devices: int) -> dict:
 
 
 def run_cli(args, argv: list[str], state: dict) -> float:
-    """`hgpo-jax ARGV` in a subprocess (output streams through); its command is recorded in the
-    state and its wall time returned."""
+    """`hgpo-jax ARGV` in a subprocess (output streams through), or in this process with
+    --in-process; its command is recorded in the state and its wall time returned."""
     state["commands"].append(" ".join(["hgpo-jax", *argv]))
     save_state(args.out, state)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "hgpo_jax.cli", *argv, "--no-progress"], check=True,
-                   cwd=ROOT, env=cli_env(args.devices))
+    if getattr(args, "in_process", False):
+        from hgpo_jax.cli import main as cli_main
+
+        rc = cli_main([*argv, "--no-progress"])
+        if rc:
+            raise subprocess.CalledProcessError(rc, ["hgpo-jax", *argv])
+    else:
+        subprocess.run([sys.executable, "-m", "hgpo_jax.cli", *argv, "--no-progress"], check=True,
+                       cwd=ROOT, env=cli_env(args.devices))
     return time.perf_counter() - t0
 
 
@@ -307,6 +314,10 @@ def parse_args(study: Study, doc: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--runs", default=os.path.join(ROOT, "runs", study.name),
                         help="run folders (checkpoints; not committed)")
     parser.add_argument("--devices", type=int, default=2, help="CPU devices (data-parallel mesh)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run each hgpo-jax command in this process instead of a fresh "
+                             "interpreter (no start-up per command: for smoke runs with tiny "
+                             "settings; this process must have --devices JAX devices)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="RL seeds")
     parser.add_argument("--estimators", nargs="+", default=["hgpo_k2", "gigpo", "grpo"],
                         choices=list(ESTIMATORS), help="the *_g2 arms: with Agent-G2's guidance")

@@ -55,3 +55,4 @@ def hf_model_dir(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"hf-{request.param}")
     build_hf_model(TINY_SHAPES[request.param], folder)
     return request.param, str(folder)
+

@@ -12,7 +12,7 @@ sys.path.insert(0, ROOT)
 
 from experiments import alfworld_laptop, laptop  # noqa: E402
 
-TINY = ["--games", "2", "--search-games", "2", "--workers", "1", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
+TINY = ["--in-process", "--games", "2", "--search-games", "2", "--workers", "1", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
         "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
         "--set-rl", "train.iterations=1", "rollout.num_groups=1", "rollout.group_size=2",

@@ -139,6 +139,14 @@ def test_fewer_envs_than_workers_and_validation():
         with pytest.raises(ValueError, match="episode is done"):
             pool.step({0: "look"})
         assert pool.running == [1] and replies[1].obs.startswith("Task 4")
+        # fewer tasks than envs: the first ones start, the others idle until a later reset
+        with pytest.raises(ValueError, match="one task per env"):
+            pool.reset([])
+        replies = pool.reset([5])
+        assert len(replies) == 1 and replies[0].obs.startswith("Task 5") and pool.running == [0]
+        with pytest.raises(ValueError, match="never reset"):
+            pool.step({1: "look"})
+        assert pool.stats.resets == 3
     for bad in (0, -1):
         with pytest.raises(ValueError, match="num_workers"):
             EnvPool(ToyMemoryEnv, num_envs=2, num_workers=bad)

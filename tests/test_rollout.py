@@ -200,8 +200,9 @@ def test_play_each_once_keeps_every_episode_in_task_order(tiny):
     model, tok = tiny
     policy = scripted_policy(model, tok, temperature=0.4)
     tasks = [5, 1, 4, 0, 2, 3]
-    with toy_pool(4) as pool:  # two chunks, the second padded with its last task
+    with toy_pool(4) as pool:  # two chunks, the second of two envs (the others idle)
         episodes, failed = play_each_once(policy, pool, tasks, max_steps=10)
+        assert pool.stats.resets == 6 and pool.running == []
     assert failed == 0
     assert [e.index for e in episodes] == list(range(6)) and [e.task for e in episodes] == tasks
     assert all(e.won and e.ended and e.score == 0.0 for e in episodes)

@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)
 
 from experiments import laptop, webshop_laptop  # noqa: E402
 
-TINY = ["--episodes", "4", "--copy-goals", "3", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
+TINY = ["--in-process", "--episodes", "4", "--copy-goals", "3", "--devices", "1", "--seeds", "0", "--estimators", "hgpo_k2",
         "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4", "train.micro_batch_size=2",
         "sft.episodes=4", "sft.heldout=0.5", "sft.eval_every=2", "sft.save_every=2", "rollout.max_prompt_tokens=512",
         "rollout.max_new_tokens=16",

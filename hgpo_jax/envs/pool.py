@@ -391,28 +391,31 @@ class EnvPool:
         return self._slot_of[self._check_index(index)]
 
     def reset(self, tasks: Sequence[Any]) -> list[EnvReply]:
-        """Start a new episode in every env: env i gets `tasks[i]` (len(tasks) == num_envs).
+        """Start a new episode in the first len(tasks) envs: env i gets `tasks[i]`
+        (1 <= len(tasks) <= num_envs). The envs past them are left idle: not steppable until a
+        later reset gives them a task (an evaluation's last, smaller chunk plays only its games).
 
-        Returns a list of `num_envs` EnvReply (reward 0.0). Clears the action histories and makes
-        every env steppable again, whatever happened before (failed envs are re-created).
+        Returns a list of len(tasks) EnvReply (reward 0.0). Clears the action histories and makes
+        the reset envs steppable again, whatever happened before (failed envs are re-created).
         """
         self._check_open()
         if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence):
-            raise TypeError(f"tasks must be a sequence of {self.num_envs} tasks, got {type(tasks)}")
-        if len(tasks) != self.num_envs:
-            raise ValueError(f"reset needs one task per env: got {len(tasks)} tasks for "
-                             f"{self.num_envs} envs")
+            raise TypeError(f"tasks must be a sequence of at most {self.num_envs} tasks, got "
+                            f"{type(tasks)}")
+        if not 1 <= len(tasks) <= self.num_envs:
+            raise ValueError(f"reset needs one task per env, for 1 to {self.num_envs} envs: got "
+                             f"{len(tasks)} tasks")
         try:
             pickle.dumps(list(tasks))
         except Exception as exc:
             raise TypeError(f"tasks must be picklable: {_exception_line(exc)}") from exc
         jobs = {i: _Job(("reset", i, task), self.reset_timeout, True)
                 for i, task in enumerate(tasks)}
-        for i, task in enumerate(tasks):
-            self._envs[i] = _EnvState(status="pending", task=task)
-        self.stats.resets += self.num_envs
+        for i in range(self.num_envs):
+            self._envs[i] = _EnvState(status="pending", task=tasks[i]) if i < len(tasks) else _EnvState()
+        self.stats.resets += len(tasks)
         results = self._run_batch(jobs)
-        return [results[i] for i in range(self.num_envs)]
+        return [results[i] for i in range(len(tasks))]
 
     def step(self, actions: Mapping[int, str]) -> dict[int, EnvReply]:
         """Step the given envs, {env index: action str}; the others are left alone.

@@ -452,7 +452,8 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     before the policy plays, one list per env (`play_lockstep`; None: none); sft_prompts: keep
     the replayed steps' prompts and actions (`RolloutBatch.episode_prefix_turns`, prefix SFT).
 
-    env_pool must hold exactly len(tasks) * group_size envs. rng: int seed or PRNG key for
+    env_pool must hold at least len(tasks) * group_size envs; the first that many play (the
+    others stay idle: `EnvPool.reset`). rng: int seed or PRNG key for
     sampling (split per step; each env's replies are drawn with its global index as the row id,
     `generate(row_ids=...)`, so they do not depend on which other envs are still running). In a multi-process run every process calls this at once for its
     own tasks (and env pool) with the same rng; they step in lockstep until no env is left on any
@@ -465,7 +466,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     if group_size < 1 or not tasks:
         raise ValueError(f"need at least one task and group_size >= 1 (got {len(tasks)} tasks, "
                          f"group_size {group_size})")
-    if env_pool.num_envs != num_envs:
+    if env_pool.num_envs < num_envs:
         raise ValueError(f"env_pool has {env_pool.num_envs} envs but {len(tasks)} tasks x group "
                          f"{group_size} need {num_envs}")
     cuts = getattr(policy, "prompt_cuts", None)  # None: a policy that does not count its cuts
@@ -559,23 +560,28 @@ def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, me
                    rng=0, spec: EnvSpec | None = None, agent: Agent | None = None,
                    progress: bool = False) -> tuple[list[EpisodeResult], int]:
     """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns the
-    episodes in task order and the number of tasks whose episode an env failure lost.
+    episodes in task order and the number of tasks whose episode an env failure lost. A chunk
+    plays only as many envs as it has tasks (the last one is often smaller), the pool's other
+    envs idle: each env's replies are drawn with its global index as the row id, so a task's
+    episode does not depend on how many others play beside it.
 
     In a multi-process run every process calls this with the same tasks and its own pool: each chunk
-    of (pool size x processes) tasks is split over the processes, and every process returns all the
-    episodes."""
+    of (pool size x processes) tasks is split evenly over the processes (a smaller chunk padded
+    with its last task to a multiple of the process count; the padding's episodes are dropped),
+    and every process returns all the episodes."""
     import jax
 
-    n = env_pool.num_envs
-    n_all, lo = n * jax.process_count(), n * jax.process_index()
+    n, procs = env_pool.num_envs, jax.process_count()
     key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
     played, failed = [], 0
-    for start in tqdm(range(0, len(tasks), n_all), desc="evaluate", unit="batch", disable=not progress):
-        chunk = list(tasks[start:start + n_all])
+    for start in tqdm(range(0, len(tasks), n * procs), desc="evaluate", unit="batch", disable=not progress):
+        chunk = list(tasks[start:start + n * procs])
         real = len(chunk)
-        chunk += [chunk[-1]] * (n_all - real)  # fill the pools; the padding's results are ignored
+        per = -(-real // procs)  # envs each process plays
+        chunk += [chunk[-1]] * (per * procs - real)
+        lo = per * jax.process_index()
         key, sub = jax.random.split(key)
-        batch = collect_rollouts(policy, env_pool, chunk[lo:lo + n], 1, max_steps, memory_len,
+        batch = collect_rollouts(policy, env_pool, chunk[lo:lo + per], 1, max_steps, memory_len,
                                  rng=sub, spec=spec, agent=agent)
         score = (batch.episode_score.tolist() if batch.episode_score is not None
                  else [0.0] * len(batch.episode_traj))
