@@ -436,21 +436,46 @@ def run_part(name: str, spec: dict, timeout: float) -> dict:
         if os.path.isfile(result_path):
             with open(result_path) as f:
                 child = json.load(f)
-    record = {"name": name, "status": status, "returncode": proc.returncode,
-              "wall_s": round(time.monotonic() - t0, 2), "timeout_s": round(timeout, 1),
-              "cpu_s": round(_children_cpu_s() - cpu0, 2),
-              **{k: child[k] for k in ("result", "device", "device_peak_bytes", "error")
-                 if k in child}}
-    if status == "timeout":
-        record["reason"] = f"killed after its {timeout:.0f} s timeout"
-    elif status == "failed" and "error" not in record:
-        record["error"] = f"exit code {proc.returncode}"
+    record = part_record(name, status, proc.returncode, time.monotonic() - t0, timeout,
+                         _children_cpu_s() - cpu0, child)
     if status != "ok":
         record["log_tail"] = list(tail)
     if interrupted is not None:
         interrupted.record = record
         raise interrupted
     return record
+
+
+def part_record(name: str, status: str, returncode: int | None, wall_s: float,
+                timeout: float | None, cpu_s: float | None, child: dict) -> dict:
+    """A part's record from what its child wrote (`ChildOutput`'s data: result, device, peak,
+    error) and how it ended."""
+    record = {"name": name, "status": status, "returncode": returncode,
+              "wall_s": round(wall_s, 2),
+              "timeout_s": None if timeout is None else round(timeout, 1),
+              "cpu_s": None if cpu_s is None else round(cpu_s, 2),
+              **{k: child[k] for k in ("result", "device", "device_peak_bytes", "error")
+                 if k in child}}
+    if status == "timeout":
+        record["reason"] = f"killed after its {timeout:.0f} s timeout"
+    elif status == "failed" and "error" not in record:
+        record["error"] = f"exit code {returncode}"
+    return record
+
+
+def run_part_here(name: str, spec: dict) -> dict:
+    """Run a part in this process instead of a child (no timeout, no device peak of its own, the
+    environment of this process): its record as `run_part` makes it. For tests of the parts'
+    code and for debugging; the check itself always runs `run_part`."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
+        spec_path, result_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        write_json(spec_path, spec)
+        rc = child_main(name, spec_path, result_path)
+        with open(result_path) as f:
+            child = json.load(f)
+    return part_record(name, "ok" if rc == 0 else "failed", rc, time.monotonic() - t0, None, None,
+                       child)
 
 
 def versions() -> dict:
@@ -684,6 +709,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def run_meta(args, argv: list[str], names: list[str], spec: dict) -> dict:
+    """The report's head: the command, the settings, versions, host and environment."""
+    return {"script": "experiments/gpu_check.py",
+            "command": "python experiments/gpu_check.py " + " ".join(argv),
+            "smoke": args.smoke, "started": _now(), "finished": None, "wall_s": 0.0,
+            "budget_s": args.budget_s, "grace_s": args.grace_s, "requested_parts": names,
+            "settings": spec, "versions": versions(),
+            "host": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg())},
+            "env_vars": {k: os.environ.get(k) for k in (
+                "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS",
+                "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")}}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -695,16 +733,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     spec = settings(args)
     t0 = time.monotonic()
-    meta = {"script": "experiments/gpu_check.py",
-            "command": "python experiments/gpu_check.py " + " ".join(
-                sys.argv[1:] if argv is None else argv),
-            "smoke": args.smoke, "started": _now(), "finished": None, "wall_s": 0.0,
-            "budget_s": args.budget_s, "grace_s": args.grace_s, "requested_parts": names,
-            "settings": spec, "versions": versions(),
-            "host": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg())},
-            "env_vars": {k: os.environ.get(k) for k in (
-                "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_FLAGS",
-                "JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES")}}
+    meta = run_meta(args, sys.argv[1:] if argv is None else argv, names, spec)
     records: dict[str, dict] = {}
 
     def save():

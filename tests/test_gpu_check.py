@@ -1,6 +1,7 @@
-"""experiments/gpu_check.py: the `--smoke` run end to end in a subprocess (every part on a CPU,
-tiny shapes: about 3 minutes on 2 cores), and, in process, the report's assembly and table, the
-budget's skips and the kill of a part past its timeout. Structure only: nothing is timed."""
+"""experiments/gpu_check.py on a CPU with `--smoke` (tiny shapes): every part's code in this
+process with its sections assembled and tabled, the check end to end with one part in a child
+process, the report's assembly and table for parts that failed or timed out, the budget's skips
+and the kill of a part past its timeout. Structure only: nothing is timed."""
 
 import importlib.util
 import json
@@ -22,17 +23,21 @@ def load_check():
 
 
 def test_smoke_run_writes_every_section(tmp_path):
+    """Every part's own code, in this process (`run_part_here`: the tiny shapes cost seconds, a
+    fresh interpreter per part as much again), its sections assembled and tabled as `main` does;
+    then the check itself end to end (`test_the_check_runs_its_parts_in_child_processes`)."""
+    gc = load_check()
+    args = gc.parse_args(["--smoke", "--model-dir", str(tmp_path / "model")])
+    spec = gc.settings(args)
+    records = {name: gc.run_part_here(name, spec) for name in gc.PART_ORDER}
+    report = gc.assemble(gc.run_meta(args, ["--smoke"], list(gc.PART_ORDER), spec), records)
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--out", str(out),
-                           "--model-dir", str(tmp_path / "model")],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gc.write_report(str(out), report)
     report = json.loads(out.read_text())
-    for key in ("device", "versions", "started", "finished", "parts", "parity", "plan",
-                "iterations", "decode"):
+    for key in ("device", "versions", "started", "parts", "parity", "plan", "iterations",
+                "decode"):
         assert key in report, key
-    assert report["smoke"] and report["device"]["backend"] == "cpu"
-    assert report["versions"]["jax"] and report["finished"] >= report["started"]
+    assert report["smoke"] and report["device"]["backend"] == "cpu" and report["versions"]["jax"]
     assert [p["status"] for p in report["parts"]] == ["ok"] * 7, report["parts"]
 
     parity = report["parity"]
@@ -69,6 +74,28 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert heading in table, heading
     for family, algo in FAMILIES:
         assert f"| {family} | `{algo}_alfworld_qwen2.5_1.5b` | ok |" in table
+
+
+def test_the_check_runs_its_parts_in_child_processes(tmp_path):
+    """`python experiments/gpu_check.py --smoke` as on a lent GPU, its parts in child processes
+    (one part: each part's code is tested above; this is the parent and a child's round trip):
+    the child's result and device come back, the parts not asked for are recorded so, and the
+    JSON and its table are written."""
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--smoke", "--parts", "model", "--out", str(out),
+                           "--model-dir", str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["smoke"] and report["device"]["backend"] == "cpu"
+    assert report["versions"]["jax"] and report["finished"] >= report["started"]
+    model, = report["parts"]
+    assert model["name"] == "model" and model["status"] == "ok" and model["returncode"] == 0
+    assert model["wall_s"] > 0 and model["cpu_s"] > 0 and model["timeout_s"] > 0
+    assert (tmp_path / "model" / "config.json").is_file()  # the child built the model folder
+    assert [i["status"] for i in report["iterations"]] == ["not requested"] * 3
+    assert report["parity"] == report["decode"] == {"status": "not requested"}
+    assert "| model | ok |" in (tmp_path / "check.md").read_text()
 
 
 def _iteration(peak):
