@@ -119,6 +119,50 @@ def test_memoized_textworld_parsers_change_nothing(monkeypatch):
     assert play() == fast
 
 
+def test_one_translation_per_load_changes_nothing_and_replans_exactly(monkeypatch):
+    """TextWorld's planner slot takes the game's own translation (translate_replan_lazily): every
+    observation, reward, done flag and admissible list of random play on three games, and the
+    plan `replan` makes after it (the optimized translation done then), equal TextWorld's own."""
+    import random
+
+    import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
+
+    alfworld.translate_replan_lazily()  # as the env's first load does
+    games = [list_games("valid_seen")[0], list_games("valid_unseen")[7], list_games("train")[100]]
+
+    def play():
+        env, out, rng = AlfworldEnv(max_steps=100), [], random.Random(1)
+        for g in games:
+            obs, info = env.reset(g)
+            out.append((obs, info["admissible_actions"]))
+            for _ in range(8):
+                obs, r, done, info = env.step(rng.choice(info["admissible_actions"]))
+                out.append((obs, r, done, info["admissible_actions"]))
+            inner = env._env
+            while inner.__dict__.get("_wrapped_env") is not None:
+                inner = inner.__dict__["_wrapped_env"]
+            out.append(inner._pddl_state.replan(inner._entity_infos))
+        env.close()
+        return out
+
+    translations = []
+    counted = fast_downward.pddl2sas.original
+
+    def count(*args, **kwargs):
+        translations.append(kwargs.get("optimize", False))
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(fast_downward.pddl2sas, "original", count)
+    lazy = play()
+    assert fast_downward.pddl2sas.replan_lazily and all(p for p in lazy[9::10])  # plans found
+    # one plain translation per game loaded, one optimized per replan
+    assert sorted(translations) == [False] * 3 + [True] * 3
+    monkeypatch.setattr(fast_downward, "pddl2sas", counted)
+    monkeypatch.setattr(pddl_logic.PddlState, "replan", pddl_logic.PddlState.replan.original)
+    assert play() == lazy
+
+
 def test_garbage_actions_answer_nothing_happens():
     env = AlfworldEnv(max_steps=100)
     game = list_games("valid_unseen")[0]

@@ -194,6 +194,7 @@ def _start(game: str, facts: bool = False):
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
 
     memoize_textworld_parsers()
+    translate_replan_lazily()
     infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=facts, extras=["gamefile"])
     return textworld.start(game, request_infos=infos,
                            wrappers=[AlfredDemangler(), AlfredInfos()])
@@ -236,6 +237,49 @@ def _memoized(parse):
     cached_parse.memoized = True
     cached_parse.original = parse
     return cached_parse
+
+
+def translate_replan_lazily() -> None:
+    """Make TextWorld translate a game's PDDL problem once per game state instead of twice
+    (idempotent, for this process).
+
+    TextWorld's `PddlState` runs Fast Downward's translator twice on the same problem: once for
+    the game and once, optimized, for its planner (`replan`: the `policy_commands` info and the
+    walkthrough extra), ~0.18 s each. The env never asks for either, so
+    the planner's slot is given the game's own translation, and `replan`, if ever called,
+    translates the optimized problem first and loads it (the same plans as TextWorld's, also
+    mid-episode). Every observation, admissible list and reward is unchanged
+    (tests/test_alfworld.py plays the same games both ways and compares replans).
+    """
+    import fast_downward
+    from textworld.envs.pddl import logic as pddl_logic
+
+    if getattr(pddl_logic.fast_downward.pddl2sas, "replan_lazily", False):
+        return
+    last: list = [None, None]  # ((domain, problem), its plain translation)
+
+    def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
+        if optimize and last[0] is not None and last[0] == (domain, problem):
+            return last[1]  # the planner's slot, right after the game's own translation
+        out = pddl2sas.original(domain, problem, verbose=verbose, optimize=optimize)
+        if not optimize:
+            last[:] = [(domain, problem), out]
+        return out
+
+    replan = pddl_logic.PddlState.replan
+
+    def exact_replan(state, infos):
+        if not getattr(state, "_replan_translated", False):
+            _, sas = pddl2sas.original(state._logic.domain, state.pddl_problem, optimize=True)
+            state.downward_lib.load_sas_replan(sas.encode("utf-8"))
+            state._replan_translated = True
+        return replan(state, infos)
+
+    pddl2sas.replan_lazily = True
+    pddl2sas.original = fast_downward.pddl2sas
+    exact_replan.original = replan
+    pddl_logic.fast_downward.pddl2sas = pddl2sas
+    pddl_logic.PddlState.replan = exact_replan
 
 
 def _reset_reusing_loaded_state(env):
