@@ -86,65 +86,66 @@ def test_reset_reusing_the_loaded_state_changes_nothing(monkeypatch):
     assert fast == play()
 
 
+def three_games() -> list[str]:
+    return [list_games("valid_seen")[0], list_games("valid_unseen")[7], list_games("train")[100]]
+
+
+def random_play(games, steps: int, seed: int, after_game=None, coda=None) -> list:
+    """Random play of `steps` steps on each game in one env: every reset's observation and
+    admissible list, every step's observation, reward, done flag and admissible list, then what
+    `after_game(env)` returns after each game and what `coda(env)` returns (a list) at the end."""
+    import random
+
+    env, out, rng = AlfworldEnv(max_steps=100), [], random.Random(seed)
+    for g in games:
+        obs, info = env.reset(g)
+        out.append((obs, info["admissible_actions"]))
+        for _ in range(steps):
+            obs, r, done, info = env.step(rng.choice(info["admissible_actions"]))
+            out.append((obs, r, done, info["admissible_actions"]))
+        if after_game is not None:
+            out.append(after_game(env))
+    if coda is not None:
+        out += coda(env)
+    env.close()
+    return out
+
+
 def test_memoized_textworld_parsers_change_nothing(monkeypatch):
     """TextWorld parses each grammar/logic string once per process (memoize_textworld_parsers):
     every observation, reward, done flag and admissible list of random play and a walkthrough on
     three games equals the play with TextWorld's own parsers."""
-    import random
-
     import textworld.logic as logic
     from textworld.envs.pddl import textgen
 
-    games = [list_games("valid_seen")[0], list_games("valid_unseen")[7], list_games("train")[100]]
+    games = three_games()
 
-    def play():
-        env, out, rng = AlfworldEnv(max_steps=100), [], random.Random(0)
-        for g in games:
-            obs, info = env.reset(g)
-            out.append((obs, info["admissible_actions"]))
-            for _ in range(15):
-                obs, r, done, info = env.step(rng.choice(info["admissible_actions"]))
-                out.append((obs, r, done, info["admissible_actions"]))
+    def walk_first(env):
         env.reset(games[0])
-        for a in walkthrough(games[0]):
-            out.append(env.step(a))
-        env.close()
-        return out
+        return [env.step(a) for a in walkthrough(games[0])]
 
-    fast = play()
+    fast = random_play(games, 15, 0, coda=walk_first)
     assert textgen._parse_and_convert.memoized and logic._parse_and_convert.memoized
     monkeypatch.setattr(alfworld, "memoize_textworld_parsers", lambda: None)
     monkeypatch.setattr(textgen, "_parse_and_convert", textgen._parse_and_convert.original)
     monkeypatch.setattr(logic, "_parse_and_convert", logic._parse_and_convert.original)
-    assert play() == fast
+    assert random_play(games, 15, 0, coda=walk_first) == fast
 
 
 def test_one_translation_per_load_changes_nothing_and_replans_exactly(monkeypatch):
     """TextWorld's planner slot takes the game's own translation (translate_replan_lazily): every
     observation, reward, done flag and admissible list of random play on three games, and the
     plan `replan` makes after it (the optimized translation done then), equal TextWorld's own."""
-    import random
-
     import fast_downward
     from textworld.envs.pddl import logic as pddl_logic
 
     alfworld.translate_replan_lazily()  # as the env's first load does
-    games = [list_games("valid_seen")[0], list_games("valid_unseen")[7], list_games("train")[100]]
 
-    def play():
-        env, out, rng = AlfworldEnv(max_steps=100), [], random.Random(1)
-        for g in games:
-            obs, info = env.reset(g)
-            out.append((obs, info["admissible_actions"]))
-            for _ in range(8):
-                obs, r, done, info = env.step(rng.choice(info["admissible_actions"]))
-                out.append((obs, r, done, info["admissible_actions"]))
-            inner = env._env
-            while inner.__dict__.get("_wrapped_env") is not None:
-                inner = inner.__dict__["_wrapped_env"]
-            out.append(inner._pddl_state.replan(inner._entity_infos))
-        env.close()
-        return out
+    def replan(env):
+        inner = env._env
+        while inner.__dict__.get("_wrapped_env") is not None:
+            inner = inner.__dict__["_wrapped_env"]
+        return inner._pddl_state.replan(inner._entity_infos)
 
     translations = []
     counted = fast_downward.pddl2sas.original
@@ -154,13 +155,13 @@ def test_one_translation_per_load_changes_nothing_and_replans_exactly(monkeypatc
         return counted(*args, **kwargs)
 
     monkeypatch.setattr(fast_downward.pddl2sas, "original", count)
-    lazy = play()
+    lazy = random_play(three_games(), 8, 1, after_game=replan)
     assert fast_downward.pddl2sas.replan_lazily and all(p for p in lazy[9::10])  # plans found
     # one plain translation per game loaded, one optimized per replan
     assert sorted(translations) == [False] * 3 + [True] * 3
     monkeypatch.setattr(fast_downward, "pddl2sas", counted)
     monkeypatch.setattr(pddl_logic.PddlState, "replan", pddl_logic.PddlState.replan.original)
-    assert play() == lazy
+    assert random_play(three_games(), 8, 1, after_game=replan) == lazy
 
 
 def test_garbage_actions_answer_nothing_happens():
