@@ -87,6 +87,7 @@ class GroupOptions(ReturnOptions):
     stats: str = "verl-agent"  # episode statistics: verl-agent (step rows, unbiased std) | paper
     level_weights: str = "verl-agent"  # hgpo: verl-agent ((d+2)^alpha) | paper ((d+1)^alpha)
     base_group: bool = False  # hgpo: add the episode-level value as an item of weight 1
+    similarity_thresh: float | None = None  # gigpo, hgpo: null = steps group by equal anchors; in (0, 1): by similar anchors (difflib ratio >= this; verl-agent's algorithm.gigpo.similarity_thresh)
 
     def __post_init__(self) -> None:
         if type(self) is GroupOptions:  # a config section is checked as a whole instead
@@ -103,6 +104,10 @@ class GroupOptions(ReturnOptions):
         p.one_of("level_weights", self.level_weights, LEVEL_WEIGHTS)
         p.check(isinstance(self.base_group, bool) or type(self.base_group).__name__ == "bool_",
                 "base_group", self.base_group, "true or false")
+        t = self.similarity_thresh
+        p.check(t is None or is_number(t) and 0 < t < 1, "similarity_thresh", t,
+                "null (equal anchors) or a number in (0, 1) (the difflib ratio two anchors need to "
+                "share a step group)")
 
     @classmethod
     def of(cls, options) -> GroupOptions:
@@ -265,11 +270,13 @@ class AlgorithmSpec:
 
 
 HGPO_ONLY = ("K", "alpha", "level_weights", "base_group")  # the hierarchy's options
+STEP_GROUPS_ONLY = ("similarity_thresh",)  # how steps are grouped: gigpo's and hgpo's
 ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in (
     AlgorithmSpec("grpo", "group", "each step gets its trajectory's normalized return",
-                  options=(GroupOptions,), ignores=HGPO_ONLY + ("omega",)),
+                  options=(GroupOptions,), ignores=HGPO_ONLY + STEP_GROUPS_ONLY + ("omega",)),
     AlgorithmSpec("rloo", "group", "each step gets its trajectory's leave-one-out return",
-                  options=(GroupOptions,), ignores=HGPO_ONLY + ("omega", "mode", "eps")),
+                  options=(GroupOptions,),
+                  ignores=HGPO_ONLY + STEP_GROUPS_ONLY + ("omega", "mode", "eps")),
     AlgorithmSpec("gigpo", "group", "grpo plus a step term over steps sharing the observation",
                   options=(GroupOptions,), ignores=HGPO_ONLY),
     AlgorithmSpec("hgpo", "group", "normalized returns in K+1 nested context groups, weighted",

@@ -21,6 +21,10 @@ are options:
                      A = sum w_d A_d / (sum w_d + eps); "paper": w_d = (d + 1)^alpha, A = sum w_d
                      A_d / sum w_d.
   base_group         hgpo only: add the episode-level value as one more item of weight 1.
+  similarity_thresh  gigpo and hgpo: None (default): steps group by equal anchors; t in (0, 1):
+                     by GiGPO's similarity clusters (difflib ratio >= t to a cluster's first
+                     anchor, greedy per task in the authors' row order; `rl.similarity`); hgpo's
+                     level k groups the clusters of a_t, ..., a_{t-k}.
 
 For a group g with mean m_g and std s_g: mean_std_norm: A = (x - m_g) / (s_g + eps);
 mean_norm: A = x - m_g.
@@ -349,7 +353,7 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
       task_ids: [N] hashables; the rollouts of one group (one task) share it.
       traj_ids: [N] hashables; unique per trajectory (a trajectory belongs to one task).
       step_ids: [N] ints; each trajectory's steps are exactly 0..n-1.
-      anchors: [N] hashables (the raw observation text).
+      anchors: [N] hashables (the raw observation text); str with a `similarity_thresh`.
       rewards: [N] finite floats, the env's reward of each step (no penalty in it).
       valid: [N] bools, whether each step's reply held a valid action; None = all valid.
       options: an `AdvantageOptions`; or, instead, its fields as keywords (e.g. K=2, mode=...).
@@ -363,12 +367,14 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
     """
     check_estimator(estimator)
     o = resolve_options(options, overrides)
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid, prefix_anchors)
+    steps = estimator in ("gigpo", "hgpo")
+    thresh = o.similarity_thresh if steps else None
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards, valid, prefix_anchors,
+                          keep_anchor_values=thresh is not None)
     if batch.num_steps == 0:
         return np.zeros(0, np.float32)
     returns, score = penalized_returns(batch, o.gamma, o.invalid_penalty, o.penalty_placement)
-    step_index = build_step_groups(batch, o.K if estimator == "hgpo" else 0) \
-        if estimator in ("gigpo", "hgpo") else None
+    step_index = build_step_groups(batch, o.K if estimator == "hgpo" else 0, thresh) if steps else None
     if o.stats == "verl-agent":  # one episode value per row
         episode, episode_index, ep_of_row = score, build_row_task_groups(batch), np.arange(batch.num_steps)
     else:  # one episode value per trajectory

@@ -20,14 +20,20 @@ exact pair -> dense-id step (`np.unique(return_inverse=True)` on int64 pairs). B
 pairing is exact, two different anchor histories can never share a group (no hash collisions).
 `full_history_ids` builds the full-history groups (task, a_0, ..., a_t) of the bias diagnostic
 (`hgpo_jax.rl.diagnostics`) forwards with the same pairing.
+
+With a similarity threshold (`similarity_thresh`, GiGPO's `enable_similarity`), the anchors are
+first replaced by their similarity clusters (`cluster_anchors`, `hgpo_jax.rl.similarity`), built
+per task in the authors' order; every level then groups by clusters instead of exact anchors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
+from hgpo_jax.rl.similarity import Similarity, greedy_clusters
 from hgpo_jax.rl.turns import LinkedTurns, as_1d, intern
 
 
@@ -77,6 +83,8 @@ class StepBatch:
         of the M steps replayed there last (an expert-guided rollout's prefix, `rl.guide`),
         right-aligned: prefix[tau, M - 1] is the step just before step 0; -1 where a trajectory
         had fewer. None: no trajectory had one.
+      anchor_values: [num_anchors] the distinct anchors by code (`prepare_batch(...,
+        keep_anchor_values=True)`; the similarity clusters read their text), or None.
     And the linked turns' canonical layout: order int64 [N] (input row of each canonical row),
     traj_start int64 [T] (canonical row of each trajectory's step 0), traj_len int64 [T].
     """
@@ -91,6 +99,7 @@ class StepBatch:
     num_tasks: int
     num_anchors: int
     prefix: np.ndarray | None = None
+    anchor_values: list | None = None
 
     @property
     def order(self) -> np.ndarray:
@@ -118,7 +127,7 @@ class StepBatch:
 
 
 def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=None,
-                  prefix_anchors=None) -> StepBatch:
+                  prefix_anchors=None, keep_anchor_values: bool = False) -> StepBatch:
     """Validate the flat per-step arrays and put them in canonical (trajectory, step) order.
 
     Args:
@@ -127,6 +136,7 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
       prefix_anchors: {traj_id: [anchors]} or None: the anchors of the steps an expert-guided
         rollout replayed before the trajectory's step 0, in order (`StepBatch.prefix`); they are
         history only (no rows), which `step_level_ids` reads for steps t < k.
+      keep_anchor_values: also keep the distinct anchors by code (`StepBatch.anchor_values`).
     Returns:
       StepBatch.
     Raises:
@@ -149,6 +159,7 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
                              names=("traj_ids", "step_ids"))
     task_code, num_tasks = intern(task_ids, "task_ids")
     anchor_code, num_anchors = intern(anchors, "anchors")
+    all_anchors, all_codes = anchors, anchor_code  # with the prefix anchors, when there are some
     order, traj_start = turns.order, turns.start
     traj_s, task_s = turns.episode[order], task_code[order]
     first_task = task_s[traj_start[traj_s]]
@@ -164,8 +175,9 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
         lists = [list(prefix_anchors.get(traj_ids[int(r)], ())) for r in first_rows]
         width = max(map(len, lists), default=0)
         if width:
-            codes, num_anchors = intern([*anchors, *(a for x in lists for a in x)], "anchors")
-            anchor_code, extra = codes[:len(anchors)], iter(codes[len(anchors):])
+            all_anchors = [*anchors, *(a for x in lists for a in x)]
+            all_codes, num_anchors = intern(all_anchors, "anchors")
+            anchor_code, extra = all_codes[:len(anchors)], iter(all_codes[len(anchors):])
             prefix = np.full((len(lists), width), -1, np.int64)
             for tau, x in enumerate(lists):
                 prefix[tau, width - len(x):] = [next(extra) for _ in x]
@@ -180,7 +192,20 @@ def prepare_batch(task_ids, traj_ids, step_ids, anchors, rewards=None, valid=Non
         num_tasks=num_tasks,
         num_anchors=num_anchors,
         prefix=prefix,
+        anchor_values=distinct_values(all_anchors, all_codes, num_anchors) if keep_anchor_values
+        else None,
     )
+
+
+def distinct_values(values, codes: np.ndarray, num: int) -> list:
+    """The distinct values by code: [num], element c is the first value of code c.
+
+    Args:
+      values: [N] the interned values (list or array); codes: int64 [N] their codes in [0, num).
+    """
+    _, first = np.unique(codes, return_index=True)  # every code in [0, num) occurs
+    assert first.shape[0] == num
+    return [values[int(i)] for i in first]
 
 
 def _length(a: np.ndarray) -> int:
@@ -334,14 +359,18 @@ def history_starts(batch: StepBatch) -> np.ndarray:
     return ids
 
 
-def build_step_groups(batch: StepBatch, K: int) -> GroupIndex:
+def build_step_groups(batch: StepBatch, K: int, similarity_thresh: float | None = None) -> GroupIndex:
     """The hgpo hierarchy as a GroupIndex over canonical rows: ids int32 [N, K+1].
 
     Level k of step t groups steps with the same task and the same anchors at t, t-1, ..., t-k;
     ids[i, k] = -1 when step t < k. Level k's ids are offset by the number of groups of levels
     < k so all levels are disjoint. Level 0 is gigpo's step-level group (same task, same anchor).
+    With `similarity_thresh` (in (0, 1); the batch prepared with `keep_anchor_values=True`),
+    "the same anchor" is "the same similarity cluster" (`cluster_anchors`) at every level.
     """
     _check_K(K)
+    if similarity_thresh is not None:
+        batch = cluster_anchors(batch, similarity_thresh)
     n = batch.num_steps
     ids = np.full((n, K + 1), -1, np.int64)
     sizes = []
@@ -354,6 +383,106 @@ def build_step_groups(batch: StepBatch, K: int) -> GroupIndex:
         raise ValueError(f"{offset} groups do not fit int32 group ids; split the batch")
     sizes_arr = np.concatenate(sizes).astype(np.int32) if sizes else np.zeros(0, np.int32)
     return GroupIndex(ids=ids.astype(np.int32), sizes=sizes_arr, num_groups=int(offset))
+
+
+# ----------------------------------------------------------------------------------------------
+# Similarity clusters
+
+
+def check_similarity_thresh(t) -> None:
+    """A ValueError unless `t` is a number in (0, 1) (the authors' range)."""
+    ok = isinstance(t, (int, float, np.integer, np.floating)) and not isinstance(t, (bool, np.bool_))
+    if not (ok and 0.0 < t < 1.0):
+        raise ValueError(f"similarity_thresh must be a number in (0, 1) (difflib's ratio), got {t!r}; "
+                         f"None groups equal anchors only")
+
+
+def trajectories_by_appearance(batch: StepBatch) -> np.ndarray:
+    """int64 [T]: the trajectories in the order they first appear in the input rows."""
+    if batch.num_steps == 0:
+        return np.zeros(0, np.int64)
+    first_row = np.minimum.reduceat(batch.order, batch.traj_start)   # [T] first input row
+    return np.argsort(first_row, kind="stable").astype(np.int64)
+
+
+def authors_order(batch: StepBatch) -> np.ndarray:
+    """int64 [N]: the canonical rows in the order GiGPO's greedy clustering visits them: the
+    trajectories in the order they first appear in the input rows, each one's steps in order.
+
+    That is verl-agent's batch order (`gather_rollout_data`: env by env, each env's steps in
+    order) when the rows are given in it, whatever the trajectory ids are (uuids included).
+    """
+    trajs = trajectories_by_appearance(batch)
+    if trajs.shape[0] == 0:
+        return trajs
+    return np.concatenate([np.arange(batch.traj_start[tau], batch.traj_start[tau] + batch.traj_len[tau])
+                           for tau in trajs]).astype(np.int64)
+
+
+def _anchor_texts(batch: StepBatch) -> list[str]:
+    values = batch.anchor_values
+    if values is None:
+        raise ValueError("similarity clusters need the anchors' text: prepare the batch with "
+                         "prepare_batch(..., keep_anchor_values=True)")
+    bad = next((v for v in values if not isinstance(v, str)), None)
+    if bad is not None:
+        raise ValueError(f"similarity_thresh compares anchors as text: every anchor must be a str "
+                         f"(the observation), got {bad!r} ({type(bad).__name__}); use "
+                         f"similarity_thresh=None for other anchors")
+    return [str(v) for v in values]
+
+
+def cluster_ids(batch: StepBatch, t: float) -> tuple[np.ndarray, np.ndarray | None, int, Similarity]:
+    """GiGPO's similarity clusters of every anchor of the batch.
+
+    Per task, the rows are visited in `authors_order`, then the anchors replayed before step 0
+    (`StepBatch.prefix`: trajectories in the same order, oldest first), so prefixes never change
+    the rows' clusters; each joins the first cluster of its task whose representative it is
+    similar to (`hgpo_jax.rl.similarity`), or starts one.
+
+    Returns:
+      (cluster int64 [N] of each canonical row, cluster int64 [T, M] of each prefix anchor (-1
+      where none) or None, C: the number of clusters (ids 0..C-1, task by task), the
+      `Similarity` used (its `stats`)).
+    """
+    check_similarity_thresh(t)
+    similar = Similarity(_anchor_texts(batch), float(t))
+    trajs = trajectories_by_appearance(batch)
+    rows = authors_order(batch)
+    task_of_row = batch.task_of_traj[batch.traj].astype(np.int64)
+    kinds = [(rows, task_of_row[rows], batch.anchor[rows])]  # (position, task, anchor code)
+    prefix_cells = None
+    if batch.prefix is not None:
+        cells = np.argwhere(batch.prefix[trajs] >= 0)  # trajectories in order, oldest step first
+        prefix_cells = (trajs[cells[:, 0]], cells[:, 1])
+        kinds.append((np.arange(cells.shape[0]), batch.task_of_traj[prefix_cells[0]].astype(np.int64),
+                      batch.prefix[prefix_cells]))
+    kind = np.concatenate([np.full(k[0].shape[0], i) for i, k in enumerate(kinds)])
+    where = np.concatenate([k[0] for k in kinds])
+    task = np.concatenate([k[1] for k in kinds])
+    code = np.concatenate([k[2] for k in kinds])
+    visit = np.argsort(task, kind="stable")  # task by task, the order kept within a task
+    cluster = np.empty(code.shape[0], np.int64)
+    offset = 0
+    for part in np.split(visit, np.flatnonzero(np.diff(task[visit])) + 1):
+        ids, reps = greedy_clusters(code[part].tolist(), similar)
+        cluster[part] = np.asarray(ids, np.int64) + offset
+        offset += len(reps)
+    row_cluster = np.empty(batch.num_steps, np.int64)
+    row_cluster[where[kind == 0]] = cluster[kind == 0]
+    prefix_cluster = None
+    if prefix_cells is not None:
+        prefix_cluster = np.full(batch.prefix.shape, -1, np.int64)
+        prefix_cluster[prefix_cells] = cluster[kind == 1]
+    return row_cluster, prefix_cluster, offset, similar
+
+
+def cluster_anchors(batch: StepBatch, t: float) -> StepBatch:
+    """The batch with each anchor code replaced by its similarity cluster (`cluster_ids`), so the
+    exact grouping of the result groups by cluster: level k of step t by (task, c_t, ...,
+    c_{t-k}). Needs `prepare_batch(..., keep_anchor_values=True)` and str anchors."""
+    rows, prefix, num, _ = cluster_ids(batch, t)
+    return dataclasses.replace(batch, anchor=rows, prefix=prefix, num_anchors=num, anchor_values=None)
 
 
 def build_trajectory_groups(batch: StepBatch) -> GroupIndex:
@@ -397,16 +526,18 @@ def level_coverage(index: GroupIndex) -> np.ndarray:
 
 
 def hierarchy_stats(task_ids, traj_ids, step_ids, anchors, K: int = 2,
-                    prefix_anchors=None) -> np.ndarray:
+                    prefix_anchors=None, similarity_thresh: float | None = None) -> np.ndarray:
     """The paper's Table 5: per level k = 0..K, the fraction of steps in a level-k group of size >= 2.
 
     Args:
       task_ids, traj_ids, step_ids, anchors: [N] as for `compute_step_advantages`.
-      K: highest level. prefix_anchors: as for `compute_step_advantages`.
+      K: highest level. prefix_anchors, similarity_thresh: as for `compute_step_advantages`
+        (with a threshold the levels group similarity clusters).
     Returns:
       float64 [K+1]. Denominator: all N steps (a step with t < k counts as not grouped at level k).
       An empty batch gives zeros.
     """
     _check_K(K)
-    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, prefix_anchors=prefix_anchors)
-    return level_coverage(build_step_groups(batch, K))
+    batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, prefix_anchors=prefix_anchors,
+                          keep_anchor_values=similarity_thresh is not None)
+    return level_coverage(build_step_groups(batch, K, similarity_thresh))

@@ -42,7 +42,7 @@ def prefix_anchors_of(batch) -> dict | None:
 class GroupAlgorithm(Algorithm):
     """The group estimators, with their options checked once (`GroupOptions.of(cfg.algo)`); with
     `train.diagnostics`, each estimator's bias against the oracle; always, the fraction of rows
-    grouped at each HGPO context level."""
+    grouped at each HGPO context level (of the similarity clusters under `similarity_thresh`)."""
 
     def __init__(self, cfg, spec, mesh=None, num_micro: int = 1, tokenizer=None):
         super().__init__(cfg, spec, mesh, num_micro, tokenizer)
@@ -60,8 +60,9 @@ class GroupAlgorithm(Algorithm):
         out[:n] = adv
         row_means = diagnostic_metrics(columns, b.valid, self.options, prefix_anchors_of(b)) \
             if self.diagnostics else {}
+        thresh = self.options.similarity_thresh if self.spec.name in ("gigpo", "hgpo") else None
         levels = hierarchy_stats(b.task_id, b.traj_id, b.step_id, b.anchor, K=self.options.K,
-                                 prefix_anchors=prefix_anchors_of(b))
+                                 prefix_anchors=prefix_anchors_of(b), similarity_thresh=thresh)
         for k, frac in enumerate(levels):
             row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
         return Advantages(out, adv, row_means)
