@@ -1,5 +1,6 @@
 """WebShop search: the pure-Python BM25 against the golden Lucene results, and the analyzer's
-Lucene behaviours one by one (StandardTokenizer, possessives, stop words, Porter stems)."""
+(hgpo_jax.envs.lucene) Lucene behaviours one by one (StandardTokenizer, possessives, stop words,
+Porter stems)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import numpy as np
 import pytest
 import regex
 
+from hgpo_jax.envs import lucene
+from hgpo_jax.envs.lucene import analyze, tokenize
 from hgpo_jax.envs.webshop import search
 from hgpo_jax.envs.webshop.data import read_lucene_top50, resolve_data_dir
 from hgpo_jax.envs.webshop.products import load_products
-from hgpo_jax.envs.webshop.search import (BM25Index, PyseriniSearcher, analyze, byte4_to_int,
-                                          document_text, int_to_byte4, tokenize)
+from hgpo_jax.envs.webshop.search import (BM25Index, PyseriniSearcher, byte4_to_int, document_text,
+                                          int_to_byte4)
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +123,14 @@ def test_tokenizer_unicode_cases():
 
 def _literal_jflex_tokens():
     """Lucene's JFlex rules transcribed literally (ambiguous, so POSIX longest match; slow)."""
-    e, k, h, n, letter = (search._CONNECTOR, search._KATAKANA, search._HEBREW, search._DIGIT,
-                          search._LETTER)
-    sq, dq, mid_num, mid_letter = (search._SINGLE_QUOTE, search._DOUBLE_QUOTE, search._MID_NUM,
-                                   search._MID_LETTER)
+    e, k, h, n, letter = (lucene._CONNECTOR, lucene._KATAKANA, lucene._HEBREW, lucene._DIGIT,
+                          lucene._LETTER)
+    sq, dq, mid_num, mid_letter = (lucene._SINGLE_QUOTE, lucene._DOUBLE_QUOTE, lucene._MID_NUM,
+                                   lucene._MID_LETTER)
     unit = (f"(?:{k}(?:{e}*{k})*|(?:{h}(?:{sq}|{dq}{h})|{n}(?:(?:{e}*|{mid_num}){n})*"
             f"|{letter}(?:(?:{e}*|{mid_letter}){letter})*)+)")
     word = f"{e}*{unit}(?:{e}+{unit})*{e}*"
-    rules = [search._EMOJI, word, search._SOUTHEAST_ASIAN, search._HAN, search._HIRAGANA]
+    rules = [lucene._EMOJI, word, lucene._SOUTHEAST_ASIAN, lucene._HAN, lucene._HIRAGANA]
     return regex.compile("|".join(rules), regex.V1 | regex.POSIX)
 
 
