@@ -11,7 +11,7 @@ import pytest
 
 from hgpo_jax.agents import (DEFAULT_AGENT, Agent, Reply, Turn, agent_names, get_agent,
                              projection_names)
-from hgpo_jax.agents.verl_agent import VerlAgent
+from hgpo_jax.agents.verl_agent import VerlAgent, env_formats
 from hgpo_jax.agents.verl_agent.alfworld import TOY_INTRO
 from hgpo_jax.envs.registry import env_names, get_env
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, toy_episodes
@@ -167,10 +167,14 @@ def test_remember_and_scripted_reply():
     # today's SFT response (what sft.data.response_text was)
     assert agent.scripted_reply("go to desk 1") == (
         "<think>I will go to desk 1.</think><action>go to desk 1</action>")
+    formats = env_formats()
+    sample = {"search": "<search>who wrote it</search>"}  # its actions are the tagged blocks
     for env in env_names():
-        for projection in projection_names("verl-agent"):
+        assert set(formats[env].projections) <= set(projection_names("verl-agent"))
+        for projection in formats[env].projections:
             a = get_agent("verl-agent", env, projection=projection)
-            assert a.parse(a.scripted_reply("click[b01]")) == Reply("click[b01]", True)
+            action = sample.get(env, "click[b01]")
+            assert a.parse(a.scripted_reply(action)) == Reply(action, True)
 
 
 def test_sft_samples_use_the_agent():

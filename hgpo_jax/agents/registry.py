@@ -26,13 +26,16 @@ class AgentSpec:
     """What the registry knows of one agent.
 
     make(env_name, projection) -> the Agent for that env; envs: the env names it has a prompt
-    for; projections: the reply rules it accepts (`env.projection`), the first the default.
+    for; projections: the reply rules it accepts (`env.projection`), the first the default;
+    generic_env: the env (one of `envs`) whose prompt it uses for an env it has none for (a
+    rollout of an unregistered env given no agent); None: it has no such prompt.
     """
 
     name: str
     make: Callable[[str, str], Agent]
     envs: tuple[str, ...]
     projections: tuple[str, ...]
+    generic_env: str | None = None
 
 
 @lru_cache(maxsize=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hgpo_jax.agents.base import Turn, check_memory_len
+from hgpo_jax.agents.verl_agent.formats import VerlFormat
 
 ALFWORLD_INTRO = "You are an expert agent operating in the ALFRED Embodied Environment."
 SYSTEM_INTRO = ALFWORLD_INTRO  # older name, kept for importers
@@ -83,3 +84,8 @@ def build_toy_prompt(task: str, observation: str, admissible_actions: Sequence[s
     """`build_prompt` with TOY_INTRO as its first sentence: the toy envs' prompt."""
     return build_prompt(task, observation, admissible_actions, history, memory_len,
                         intro=TOY_INTRO)
+
+
+# the envs this module serves (gathered by the package: `env_formats()`)
+_TOY = VerlFormat(build_prompt=build_toy_prompt)
+FORMATS = {"alfworld": VerlFormat(build_prompt=build_prompt), "toy": _TOY, "toy-history": _TOY}

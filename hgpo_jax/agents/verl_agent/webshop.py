@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from hgpo_jax.agents.base import Turn, check_memory_len
 from hgpo_jax.agents.verl_agent.alfworld import format_memory
+from hgpo_jax.agents.verl_agent.formats import VerlFormat
 from hgpo_jax.agents.verl_agent.projection import project_action
 from hgpo_jax.envs.webshop.prompts import format_observation
 
@@ -71,3 +72,7 @@ def build_prompt(task: str, observation: str, admissible: Sequence[str],
 def project(reply: str, rules: str = "verl-agent") -> tuple[str, bool]:
     """Model reply -> (action, valid): verl-agent's WebShop rules (20-character fallback)."""
     return project_action(reply, rules, fallback_chars=FALLBACK_CHARS)
+
+
+# the env this module serves (gathered by the package: `env_formats()`)
+FORMATS = {"webshop": VerlFormat(build_prompt=build_prompt, project=project)}
