@@ -26,32 +26,36 @@ from hgpo_jax.models.tokenizer import QWEN2_5_CHAT_TEMPLATE
 
 BUILD_PREFIX = "build:"
 BUILD_VERSION = 1  # bump when the corpus, tokenizer or sizes change: older cached builds are not reused
-ENVS = ("toy", "alfworld", "webshop")
 CORPUS_EPISODES = 200  # expert episodes of the train split whose turns train the tokenizer
-VOCAB = {"toy": 1024, "alfworld": 4096, "webshop": 4096}
+
+
+def buildable_envs() -> tuple[str, ...]:
+    """The envs a model is built for: those whose registry entry declares a `built_model`."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    return tuple(name for name in env_names() if get_env(name).built_model is not None)
 
 
 def env_corpus(env: str, agent: str | None = None) -> list[str]:
-    """The env's own text: its episodes' turns, as `agent` (default: the verl-agent agent) writes
-    them, rendered with the chat template (toy: both the 'toy' and the 'toy-history' variant)."""
+    """The env's own text: the turns of the episodes its `built_model` names (default: expert
+    episodes of the train split, recorded by the env's registry entry), as `agent` (default: the
+    verl-agent agent) writes them, rendered with the chat template."""
     from hgpo_jax.agents import DEFAULT_AGENT, get_agent
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.envs.toy import toy_episodes
     from hgpo_jax.sft import data
 
-    if env == "toy":
-        episodes = [ep for reveal in (False, True) for ep in
-                    toy_episodes(range(300), "expert", reveal=reveal)
-                    + toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
-        texts = data.samples_from_episodes(episodes, 4, get_agent(agent or DEFAULT_AGENT, "toy"))
-    elif env in ENVS:  # expert episodes of train tasks, recorded by the env's registry entry
+    spec = get_env(env)
+    built = spec.built_model
+    if built is None:
+        raise ValueError(f"no corpus for env {env!r}; use one of {buildable_envs()}")
+    if built.episodes is not None:
+        episodes = built.episodes()
+    else:
         from hgpo_jax.config import EnvConfig
 
-        spec = get_env(env)
         episodes = spec.record_episodes(EnvConfig(name=env), "train", CORPUS_EPISODES, "expert")
-        texts = data.samples_from_episodes(episodes, 2, get_agent(agent or DEFAULT_AGENT, env))
-    else:
-        raise ValueError(f"no corpus for env {env!r}; use one of {ENVS}")
+    texts = data.samples_from_episodes(episodes, built.memory_len,
+                                       get_agent(agent or DEFAULT_AGENT, env))
     return data.chat_texts(texts, QWEN2_5_CHAT_TEMPLATE)
 
 
@@ -74,8 +78,9 @@ def parse_build_spec(path: str) -> tuple[str, str]:
     ('toy', 'small')."""
     spec = path[len(BUILD_PREFIX):].partition("/")[0].partition("@")[0]
     env, _, size = spec.rpartition("-")
-    if env not in ENVS or size not in SIZES:
-        raise ValueError(f"model.path {path!r}: expected build:<env>-<size> with env in {ENVS} and "
+    if env not in buildable_envs() or size not in SIZES:
+        raise ValueError(f"model.path {path!r}: expected build:<env>-<size> with env in "
+                         f"{buildable_envs()} and "
                          f"size in {sorted(SIZES)}, e.g. build:toy-small")
     build_family(path)
     agent = build_agent(path)
@@ -97,7 +102,10 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
         return folder
     tmp = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tokenizer = train_tokenizer(env_corpus(env, build_agent(path)), VOCAB[env])
+        from hgpo_jax.envs.registry import get_env
+
+        tokenizer = train_tokenizer(env_corpus(env, build_agent(path)),
+                                    get_env(env).built_model.vocab)
         build_model(tmp, tokenizer, size, seed=seed, family=build_family(path))
         try:
             os.rename(tmp, folder)

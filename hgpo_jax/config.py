@@ -11,7 +11,8 @@ relative paths resolved from the including file's folder); the base is applied f
 file's own keys, then the overrides. If the loaded file (not its bases) sets no `name`, the name
 is the file's stem. Override values are read with `yaml.safe_load` (`algo.K=4`, `optim.lr=1e-6`,
 `env.eval_splits=[valid_seen]`, `env.data_dir=null`); for `str` fields the raw text is kept when
-YAML would read it as a number or bool (`name=2024`).
+YAML would read it as a number or bool (`name=2024`). An env's own options (`EnvSpec.options`) nest
+under its name: `env.<env>.key` in files and overrides, `cfg.env.<env>` in code.
 
 Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and
 how to fix it; `Config.validate()` checks the values (allowed names, positive sizes, ranges,
@@ -36,10 +37,11 @@ from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, AdamWOptions,
                                   algorithm_names, algorithm_spec, one_score_conflict)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
 from hgpo_jax.guidance_specs import GuidanceOptions
-from hgpo_jax.config_checks import (EVAL_PROTOCOLS, SCHEDULES, ConfigError, allowed_values,
-                                    check_algo_keys, cross_section_problems, env_rewards,
-                                    env_splits, field_types, section_switch_error, set_field,
-                                    unknown_key)
+from hgpo_jax.config_checks import (EVAL_PROTOCOLS, NESTED, SCHEDULES, ConfigError,
+                                    NestedOptions, allowed_values, check_algo_keys,
+                                    cross_section_problems, env_options, env_rewards, env_splits,
+                                    field_types, group_problems, option_groups, section_switch_error,
+                                    section_values, set_field, unknown_key)
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.micro_batches import largest_divisor_at_most
 from hgpo_jax.problems import Problems, suggest
@@ -70,8 +72,8 @@ class ModelConfig(Options):
 
 
 @dataclass
-class EnvConfig(Options):
-    """The environment and its worker pool."""
+class EnvConfig(NestedOptions, Options):
+    """The environment, its worker pool and each env's own options (`env.<env>.*`, NestedOptions)."""
 
     name: str = "alfworld"  # alfworld | webshop | toy | toy-history (docs/envs.md)
     split: str = "train"  # training split (alfworld: train | valid_seen | valid_unseen | valid_train; webshop: train | test)
@@ -84,6 +86,8 @@ class EnvConfig(Options):
     num_workers: int = 4  # env worker processes
     step_timeout: float = 60.0  # seconds before a stuck env step counts as failed
     reset_timeout: float = 300.0  # seconds before a stuck env reset counts as failed
+    options: dict[str, Any] = field(default_factory=dict, metadata={NESTED: True})  # {env: its options}
+    nested_options = staticmethod(env_options)
 
     def _own_problems(self, p: Problems) -> None:
         p.one_of("name", self.name, allowed_values()["env"])
@@ -102,6 +106,7 @@ class EnvConfig(Options):
         p.at_least("num_workers", self.num_workers, 1)
         p.positive("step_timeout", self.step_timeout)
         p.positive("reset_timeout", self.reset_timeout)
+        group_problems(self, p)  # env.<env.name>.*'s own, and no other env's set
 
 
 @dataclass
@@ -561,7 +566,9 @@ def _field_type(cfg: Config, key: str) -> Any | None:
         parts = list(RENAMED_KEYS[(parts[0], parts[1])][:2])
     if len(parts) == 2 and parts[0] in SECTIONS:
         return field_types(SECTIONS[parts[0]]).get(parts[1])
-    return None
+    group = option_groups(SECTIONS[parts[0]]).get(parts[1]) if len(parts) == 3 \
+        and parts[0] in SECTIONS else None  # env.<env>.key
+    return field_types(group).get(parts[2]) if group else None
 
 
 def apply_override(cfg: Config, text: str, given: dict[str, str] | None = None) -> Config:
@@ -574,16 +581,13 @@ def apply_override(cfg: Config, text: str, given: dict[str, str] | None = None) 
         value = raw.strip()  # `name=2024`: keep the text, not YAML's number
     parts = key.split(".")
     where = f"override {text!r}: "
-    if len(parts) == 1:
-        if parts[0] in SECTIONS or parts[0] in TOP_LEVEL_SCALARS:
-            return apply_mapping(cfg, {parts[0]: value}, where, given)
+    if parts[0] not in SECTIONS and not (len(parts) == 1 and parts[0] in TOP_LEVEL_SCALARS):
         raise unknown_key(parts[0], [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
-    if len(parts) != 2:
-        raise ConfigError(f"{where}keys have at most two parts (section.key), got {key!r}")
-    section, sub = parts
-    if section not in SECTIONS:
-        raise unknown_key(section, [*TOP_LEVEL_SCALARS, *SECTIONS], "", where)
-    return apply_mapping(cfg, {section: {sub: value}}, where, given)
+    if len(parts) > 3 or len(parts) == 3 and (not option_groups(SECTIONS[parts[0]])
+                                               or parts[1] in field_types(SECTIONS[parts[0]])):
+        raise ConfigError(f"{where}keys have at most two parts (section.key; three for an env's "
+                          f"own options, env.<env>.key), got {key!r}")
+    return apply_mapping(cfg, unflatten({key: value}), where, given)
 
 
 # ------------------------------------------------------------------------------------- public API
@@ -623,8 +627,8 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
 
 
 def config_to_dict(cfg: Config) -> dict:
-    """Plain nested dict (copies), in schema order."""
-    return dataclasses.asdict(cfg)
+    """Plain nested dict (copies), in schema order, with env.<env.name>.* (other envs': left out)."""
+    return {"name": cfg.name, **{s: section_values(getattr(cfg, s)) for s in SECTIONS}}
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
@@ -653,15 +657,15 @@ def save_config(cfg: Config, path: str) -> str:
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """{"section.key": value} -> {"section": {"key": value}} (the inverse of
-    `runs.flat_config`)."""
+    """{"section.key": value, "env.<env>.key": value} -> {"section": {"key": value}, "env":
+    {"<env>": {"key": value}}} (the inverse of `runs.flat_config`)."""
     out: dict[str, Any] = {}
     for key, value in flat.items():
-        section, _, sub = key.partition(".")
-        if sub:
-            out.setdefault(section, {})[sub] = value
-        else:
-            out[section] = value
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
     return out
 
 

@@ -2,8 +2,9 @@
 the error they raise (`ConfigError`), each value against its field's type (`set_field`,
 `coerce_value`), the keys a config may not hold (an unknown key, an algorithm's option it never
 reads, a section given as null), the names a value may take (`allowed_values`: the algorithms',
-envs', agents', models'; each env's splits and rewards) and the rules that tie sections together
-(`cross_section_problems`).
+envs', agents', models'; each env's splits and rewards), the rules that tie sections together
+(`cross_section_problems`) and the option groups a section holds nested under it by name
+(`NestedOptions`: the env section's `env.<env>.*`, each env's own options, `EnvSpec.options`).
 
 Strict: an unknown key names the closest valid one; a wrong type names the key, the expected type
 and the value. Allowed coercions: int -> float, a numeric string -> float (PyYAML reads `1e-6` as
@@ -15,6 +16,7 @@ the allowed names come from the modules that use them (imported on first validat
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -46,15 +48,35 @@ def field_types(cls: type) -> dict[str, Any]:
 
 def set_field(obj: Any, key: str, value: Any, prefix: str, where: str) -> None:
     """Type-check `value` for field `key` of dataclass instance `obj` and set it (`where` prefixes
-    an error's message, e.g. the file name; `prefix` is the section's, e.g. "algo.")."""
+    an error's message, e.g. the file name; `prefix` is the section's, e.g. "algo."). `key` may
+    name an option group nested in `obj` (`NestedOptions`): `value` is then a mapping of its keys."""
+    groups = option_groups(type(obj))
+    if key in groups:
+        return set_group(getattr(obj, key), value, f"{prefix}{key}.", where)
     hints = field_types(type(obj))
-    valid = [f.name for f in dataclasses.fields(obj)]
+    valid = [f.name for f in dataclasses.fields(obj) if not f.metadata.get(NESTED)]
     if key not in valid:
-        raise unknown_key(key, valid, prefix, where)
+        raise unknown_key(key, [*valid, *groups], prefix, where)
     try:
         setattr(obj, key, coerce_value(f"{prefix}{key}", value, hints[key]))
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
+
+
+def set_group(group: Any, value: Any, prefix: str, where: str) -> None:
+    """Set the keys of a mapping in the nested option group `group` (a dataclass; `prefix`: its
+    keys', e.g. "env.<env>."); null keeps it as it is, as an empty section does."""
+    if value is None:
+        return
+    name = prefix.rstrip(".")
+    if not isinstance(value, Mapping):
+        first = dataclasses.fields(group)[0].name
+        raise ConfigError(f"{where}{name}: expected a mapping of its keys (e.g. {name}: "
+                          f"{{{first}: ...}} or the override {prefix}{first}=...), got {value!r}")
+    for key, sub_value in value.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}{name}: keys must be strings, got {key!r}")
+        set_field(group, key, sub_value, prefix, where)
 
 
 def _type_name(tp: Any) -> str:
@@ -151,6 +173,105 @@ def unknown_key(key: str, valid: Sequence[str], prefix: str, where: str) -> Conf
                        f"Valid keys{' in ' + prefix.rstrip('.') if prefix else ''}: {', '.join(valid)}")
 
 
+# ------------------------------------------------------------------------------------- nested options
+NESTED = "nested"  # the metadata key marking the field of a section's option groups (not a key)
+
+
+def env_options() -> dict[str, type]:
+    """{env name: its options class} of the registered envs that declare one (`EnvSpec.options`),
+    nested in the config as `env.<name>.*`."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    found = {name: getattr(get_env(name), "options", None) for name in env_names()}
+    return {name: cls for name, cls in found.items() if cls is not None}
+
+
+def marked_env_options(mark: str) -> tuple[str, ...]:
+    """The "env.<env>.<key>" names of the env options whose dataclass field carries `mark` in its
+    metadata (e.g. "path": a file path a run records as absolute; "run_setting": a setting a
+    resume may change, see hgpo_jax.runs)."""
+    return tuple(f"env.{env}.{f.name}" for env, cls in env_options().items()
+                 for f in dataclasses.fields(cls) if f.metadata.get(mark))
+
+
+def option_groups(section: type) -> dict[str, type]:
+    """{key: options class} of the option groups nested in a config section class ({} but for a
+    `NestedOptions`)."""
+    return section.nested_options() if issubclass(section, NestedOptions) else {}
+
+
+class NestedOptions:
+    """A config section holding groups of options nested under it by name, `section.<key>.*`
+    (`EnvConfig`: one group per env that declares its own options, `env.<env>.key`). The groups
+    are a dataclass field `options` ({key: group}, marked NESTED: no key of its own, so that they
+    compare, copy, pickle and `dataclasses.asdict` with the section) read and set as attributes
+    (`cfg.env.<env>`). A subclass names the groups' classes (`nested_options`); the group in use
+    is the one its `name` names (`active_options`: checked, saved and printed; the others keep
+    their defaults, `group_problems`). Built in code, it takes copies of the groups given
+    (`options={...}`) and the defaults of the others."""
+
+    @staticmethod
+    def nested_options() -> dict[str, type]:
+        return {}
+
+    def active_options(self) -> dict[str, Any]:
+        """{key: group} of the group in use: the one named by the section's `name` ({} if none)."""
+        name = getattr(self, "name", None)
+        return {name: self.options[name]} if name in self.options else {}
+
+    def __post_init__(self) -> None:
+        given, classes = self.options, self.nested_options()
+        unknown = [key for key in given if key not in classes]
+        if unknown:
+            raise ConfigError(f"{type(self).__name__}: no option group {unknown[0]!r}; the groups "
+                              f"are {', '.join(classes) or '(none)'}")
+        self.options = {key: copy.deepcopy(given[key]) if key in given else cls()
+                        for key, cls in classes.items()}
+
+    def __getattr__(self, name: str) -> Any:  # only called when no attribute or field is `name`
+        groups = self.__dict__.get("options")
+        if groups is not None and name in groups:
+            return groups[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        groups = self.__dict__.get("options")
+        if groups is not None and name in groups:
+            groups[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+
+def section_values(section: Any, every: bool = False) -> dict[str, Any]:
+    """A config section as a plain dict (copies, in field order), each option group it uses (or,
+    `every`, holds: `NestedOptions`) as a dict under its key after the section's own keys."""
+    values = {f.name: copy.deepcopy(getattr(section, f.name))
+              for f in dataclasses.fields(section) if not f.metadata.get(NESTED)}
+    if isinstance(section, NestedOptions):
+        groups = section.options if every else section.active_options()
+        values.update({key: dataclasses.asdict(group) for key, group in groups.items()})
+    return values
+
+
+def group_problems(section: NestedOptions, p: Problems) -> None:
+    """The problems of a section's option groups, under `p.prefix` + key: those of the group in
+    use (its `problems(prefix)`), and any other group set away from its defaults
+    (`env.<env>.key=...` with another env.name)."""
+    active = section.active_options()
+    for key, group in section.options.items():
+        if key in active:
+            p.items.extend(group.problems(f"{p.prefix}{key}."))
+            continue
+        default = type(group)()
+        changed = [f"{p.prefix}{key}.{f.name}" for f in dataclasses.fields(group)
+                   if getattr(group, f.name) != getattr(default, f.name)]
+        if changed:
+            owner = p.prefix.rstrip(".")
+            p.add(f"{p.prefix}{key}.* applies to {owner} {key}; {owner}.name is {section.name} "
+                  f"({', '.join(changed)} set): drop {'it' if len(changed) == 1 else 'them'}, or "
+                  f"set {owner}.name={key}")
+
+
 # ------------------------------------------------------------------------------------- keys
 def check_algo_keys(cfg, given: Mapping[str, str]) -> None:
     """Refuse the `algo` options given (in a config file or an override: `given`, key -> where)
@@ -237,12 +358,17 @@ def _agent_spec(name: str):
 
 
 # ------------------------------------------------------------------------------------- rules
-ALFWORLD_ONLY_GUIDANCE = ("the authors allow it on ALFWorld only", "alfworld")
+def _envs_where(declared: str) -> tuple[str, ...]:
+    """The registered envs whose registry entry sets `declared` (a field of EnvSpec)."""
+    from hgpo_jax.envs.registry import env_names, get_env
+
+    return tuple(n for n in env_names() if getattr(get_env(n), declared, None))
 
 
 def guidance_problems(cfg, p: Problems) -> None:
     """The `guidance` section against the env: an env with expert trajectories to replay; the
-    uniform draw and a prefix of the whole expert on ALFWorld only (as the authors')."""
+    uniform draw and a prefix of the whole expert only on an env whose entry allows them
+    (`EnvSpec.whole_expert_guidance`: ALFWorld, as the authors')."""
     g, e = cfg.guidance, cfg.env
     if not g.enable:
         return
@@ -250,9 +376,10 @@ def guidance_problems(cfg, p: Problems) -> None:
     if has is False:
         p.add(f"guidance.enable=true: env {e.name!r} records no expert trajectories to replay "
               "(`EnvSpec.expert_trajectories`); turn guidance off or use an env that has them "
-              "(alfworld, webshop, toy)")
-    why, env = ALFWORLD_ONLY_GUIDANCE
-    if e.name != env:
+              f"({', '.join(_envs_where('expert_trajectories'))})")
+    allowed = _envs_where("whole_expert_guidance")
+    if e.name not in allowed:
+        why = f"the authors allow it on {', '.join(allowed) or 'no env'} only"
         p.check(g.prefix_sample_mode != "uniform_fixed", "guidance.prefix_sample_mode",
                 g.prefix_sample_mode, f"gaussian on env {e.name!r} (uniform_fixed: {why})")
         p.check(not g.allow_full_prefix, "guidance.allow_full_prefix", g.allow_full_prefix,

@@ -17,7 +17,6 @@ latest checkpoint.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from hgpo_jax.build import resolve_model_path
 from hgpo_jax.checkpoint import Checkpointer
 from hgpo_jax.config import (RUN_CHANGES_FILE, SECTIONS, Config, apply_mapping, config_from_dict,
                              config_to_dict, is_run_folder, load_config, save_config, unflatten)
+from hgpo_jax.config_checks import marked_env_options, section_values
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.decoder import relayout_layers
@@ -167,19 +167,28 @@ RUN_SETTINGS = ("name", "train.run_dir", "train.iterations", "train.save_every",
 PATH_KEYS = ("model.path", "sft.data", "env.data_dir")  # recorded as absolute paths when they exist
 
 
+def path_keys() -> tuple[str, ...]:
+    """PATH_KEYS and the env options an env marks as paths (field metadata "path")."""
+    return PATH_KEYS + marked_env_options("path")
+
+
 def flat_config(cfg: Config) -> dict[str, Any]:
-    """{"section.key": value} of every option ("name" at the top)."""
+    """{"section.key": value} of every option ("name" at the top), each env's own options as
+    "env.<env>.key" (every env's, so that two configs have the same keys)."""
     out: dict[str, Any] = {"name": cfg.name}
     for section in SECTIONS:
-        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
-            out[f"{section}.{key}"] = value
+        for key, value in section_values(getattr(cfg, section), every=True).items():
+            if isinstance(value, dict):  # an option group nested in the section
+                out.update({f"{section}.{key}.{k}": v for k, v in value.items()})
+            else:
+                out[f"{section}.{key}"] = value
     return out
 
 
 def _same_path_value(key: str, value: Any) -> Any:
     """A path option as the absolute path of what it names, where that exists (so that the
     relative and absolute spellings of one folder compare equal)."""
-    if key in PATH_KEYS and isinstance(value, str) and os.path.exists(value):
+    if key in path_keys() and isinstance(value, str) and os.path.exists(value):
         return os.path.abspath(value)
     return value
 
@@ -188,7 +197,7 @@ def recorded_config(cfg: Config) -> Config:
     """The config as a run records it: each of PATH_KEYS that names an existing file or folder as
     an absolute path, so that the run resumes, evaluates and exports from any working folder."""
     flat = flat_config(cfg)
-    paths = {k: _same_path_value(k, flat[k]) for k in PATH_KEYS}
+    paths = {k: _same_path_value(k, flat[k]) for k in path_keys()}
     return apply_mapping(config_from_dict(config_to_dict(cfg)), unflatten(paths))
 
 
@@ -202,7 +211,8 @@ def config_changes(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
 
 def is_run_setting(key: str) -> bool:
     """Whether a resume may change `key` without changing what the run is (RUN_SETTINGS)."""
-    return key in RUN_SETTINGS or f"{key.partition('.')[0]}.*" in RUN_SETTINGS
+    return (key in RUN_SETTINGS or f"{key.partition('.')[0]}.*" in RUN_SETTINGS
+            or key in marked_env_options("run_setting"))
 
 
 def record_config_changes(run_dir: str, step: int, changes: Mapping[str, tuple[Any, Any]]) -> None:

@@ -6,13 +6,13 @@ for (`start_distributed`), the start of a run (`start_run`: train and sft; train
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Any
 
 from hgpo_jax.algo_specs import algorithm_names
 from hgpo_jax.config import (SECTIONS, SECTIONS_OF_ALGORITHMS, Config, is_run_folder, load_config,
                              parse_override)
+from hgpo_jax.config_checks import section_values
 
 
 def show_progress(args) -> bool:
@@ -88,7 +88,7 @@ def start_run(args, kind: str):
 
 def format_config(cfg: Config) -> str:
     """Compact multi-line summary for printing at start-up: the name, run folder and agent, then
-    one line per section."""
+    one line per section, and one for the env's own options (`env.<env.name>`, if it has any)."""
     lines = [f"config {cfg.name}  (run dir {cfg.run_path()}, agent {cfg.agent.name})"]
     width = max(map(len, SECTIONS))
     for section in SECTIONS:
@@ -98,9 +98,12 @@ def format_config(cfg: Config) -> str:
             continue  # only a guided run shows its schedule's options
         if section == "agent":
             continue  # one key, in the title
-        values = dataclasses.asdict(getattr(cfg, section))
-        items = " ".join(f"{k}={_short(v)}" for k, v in values.items())
-        lines.append(f"  {section:<{width}}  {items}")
+        values = section_values(getattr(cfg, section))  # and env.<env.name>'s own options
+        groups = {f"{section}.{k}": values.pop(k) for k, v in list(values.items())
+                  if isinstance(v, dict)}
+        for name, group in {section: values, **groups}.items():
+            items = " ".join(f"{k}={_short(v)}" for k, v in group.items())
+            lines.append(f"  {name:<{width}}  {items}")
     return "\n".join(lines)
 
 

@@ -555,12 +555,13 @@ def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers
 
 
 def _env_specs() -> dict:
-    from hgpo_jax.envs.registry import EnvSpec
+    from hgpo_jax.envs.registry import BuiltModel, EnvSpec
 
     return {"alfworld": EnvSpec(
         name="alfworld", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=tuple(EVAL_SPLITS.values()), record_episodes=_record_episodes,
-        episode_kinds=ALFWORLD_KINDS, expert_trajectories=_expert_trajectories)}
+        episode_kinds=ALFWORLD_KINDS, expert_trajectories=_expert_trajectories,
+        whole_expert_guidance=True, built_model=BuiltModel(vocab=4096))}
 
 
 ENV_SPECS = _env_specs()

@@ -19,12 +19,27 @@ from functools import lru_cache
 
 from hgpo_jax.declared import gather, lookup
 
-PROVIDERS = ("hgpo_jax.envs.alfworld", "hgpo_jax.envs.toy", "hgpo_jax.envs.webshop")
+PROVIDERS = ("hgpo_jax.envs.alfworld", "hgpo_jax.envs.toy", "hgpo_jax.envs.webshop",
+             "hgpo_jax.envs.search")
 
 
 def env_reward(reward: float, info: dict) -> float:
     """Training uses the env's own reward (ALFWorld: 10 on success)."""
     return float(reward)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltModel:
+    """What a model built for the env (`model.path=build:<env>-<size>`, hgpo_jax.build) is made of.
+
+    vocab: its tokenizer's vocabulary size; episodes() -> the episodes whose turns (prompts and
+    replies, as an agent writes them) train that tokenizer, None: 200 expert episodes of the
+    train split (`EnvSpec.record_episodes`); memory_len: the turns of memory those prompts show.
+    """
+
+    vocab: int
+    episodes: Callable[[], list] | None = None
+    memory_len: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +66,13 @@ class EnvSpec:
     that another recorder version or data set is recorded afresh, and an interrupted recording
     resumes; progress: a progress bar; workers: worker processes for a slow recording. A missing
     data set raises FileNotFoundError saying how to get it. None: the env has no expert.
+    whole_expert_guidance: whether expert-guided rollouts may draw prefix depths uniformly and
+    replay a whole expert (`guidance.prefix_sample_mode=uniform_fixed`,
+    `guidance.allow_full_prefix`), as the authors allow on ALFWorld only.
+    built_model: what `model.path=build:<name>-<size>` builds for this env (BuiltModel); None:
+    no model is built for it.
+    options: an options class of the env's own (a dataclass whose `problems(prefix)` lists
+    problems), nested in the config as `env.<name>.*`; None: the env has none.
     """
 
     name: str
@@ -64,6 +86,9 @@ class EnvSpec:
     record_episodes: Callable | None = None
     episode_kinds: tuple[str, ...] = ()
     expert_trajectories: Callable | None = None
+    whole_expert_guidance: bool = False
+    built_model: BuiltModel | None = None
+    options: type | None = None
 
 
 @lru_cache(maxsize=1)

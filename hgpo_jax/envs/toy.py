@@ -204,14 +204,23 @@ def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers
     return out
 
 
-def _env_specs() -> dict:
-    from hgpo_jax.envs.registry import EnvSpec
+def corpus_episodes() -> list:
+    """The episodes whose turns train a built toy model's tokenizer: expert and random episodes of
+    300 tasks, in both variants (the 'toy' and the 'toy-history' text)."""
+    return [ep for reveal in (False, True) for ep in
+            toy_episodes(range(300), "expert", reveal=reveal)
+            + toy_episodes(range(300), "random", seed=1, max_steps=12, reveal=reveal)]
 
+
+def _env_specs() -> dict:
+    from hgpo_jax.envs.registry import BuiltModel, EnvSpec
+
+    built = {"toy": BuiltModel(vocab=1024, episodes=corpus_episodes, memory_len=4)}
     return {name: EnvSpec(
         name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
         record_episodes=_record_episodes, episode_kinds=TOY_KINDS,
-        expert_trajectories=_expert_trajectories)
+        expert_trajectories=_expert_trajectories, built_model=built.get(name))
         for name in ("toy", "toy-history")}
 
 

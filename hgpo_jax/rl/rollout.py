@@ -487,11 +487,16 @@ def default_spec() -> EnvSpec:
 
 
 def default_agent(spec: EnvSpec | None = None) -> Agent:
-    """The agent of a rollout given none: the verl-agent agent of `spec`'s env, or ALFWorld's
-    (for no spec, or an env it has no prompt for, e.g. `default_spec()`)."""
-    known = agent_spec(DEFAULT_AGENT).envs
-    return get_agent(DEFAULT_AGENT, spec.name if spec is not None and spec.name in known
-                     else "alfworld")
+    """The agent of a rollout given none: the default agent's for `spec`'s env, or, for no spec
+    or an env it has no prompt for (e.g. `default_spec()`), the prompt it declares generic
+    (`AgentSpec.generic_env`: the verl-agent agent's think/action prompt)."""
+    default = agent_spec(DEFAULT_AGENT)
+    if spec is not None and spec.name in default.envs:
+        return get_agent(DEFAULT_AGENT, spec.name)
+    if default.generic_env is None:
+        raise ValueError(f"agent {DEFAULT_AGENT!r} has no prompt for env "
+                         f"{getattr(spec, 'name', None)!r}; pass the rollout an agent")
+    return get_agent(DEFAULT_AGENT, default.generic_env)
 
 
 def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> RolloutBatch:

@@ -48,6 +48,9 @@ PRESETS = {
     "Qwen/Qwen2.5-7B-Instruct": DecoderConfig(
         vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
         num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-3B-Instruct": DecoderConfig(
+        vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True),
     "Qwen/Qwen3-0.6B": DecoderConfig(**_QWEN3, hidden_size=1024, intermediate_size=3072,
                                      num_hidden_layers=28, num_attention_heads=16,
                                      num_key_value_heads=8, tie_word_embeddings=True),

@@ -145,13 +145,13 @@ def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers
 
 
 def _env_specs() -> dict:
-    from hgpo_jax.envs.registry import EnvSpec
+    from hgpo_jax.envs.registry import BuiltModel, EnvSpec
 
     return {"webshop": EnvSpec(
         name="webshop", make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
         eval_splits=("test",), train_reward=train_reward, rewards=(("score", score_reward),), score_key=SCORE_KEY,
         record_episodes=_record_episodes, episode_kinds=WEBSHOP_KINDS,
-        expert_trajectories=_expert_trajectories)}
+        expert_trajectories=_expert_trajectories, built_model=BuiltModel(vocab=4096))}
 
 
 ENV_SPECS = _env_specs()
