@@ -158,3 +158,27 @@ def test_registry_lists_tasks_and_refuses_a_server_that_is_down(options, files):
     with pytest.raises(retrieval.RetrievalError, match="127.0.0.1:9") as e:
         spec.list_tasks(cfg, "train")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("env.search.url=http://127.0.0.1:9/retrieve", "is the retrieval server running?"),
+    ("env.search.data_sources=[nope]", "no question of data source(s) ['nope']"),
+    ("env.search.corpus={bad_corpus}", "bad_corpus.jsonl:2: not JSON"),
+    ("env.search.train={no_answers}", "no_answers.jsonl:1: 'golden_answers' is missing"),
+])
+def test_bad_input_is_one_line_before_anything_is_written(override, says, files, tmp_path, capsys):
+    from hgpo_jax.cli import main
+
+    bad_corpus, no_answers = tmp_path / "bad_corpus.jsonl", tmp_path / "no_answers.jsonl"
+    bad_corpus.write_text('{"id": "0", "title": "A", "text": "x"}\nnot json\n')
+    no_answers.write_text('{"question": "q", "data_source": "nq"}\n')
+    run = tmp_path / "run"
+    given = {"corpus": files["corpus"], "train": files["train"], "test": files["test"]}
+    key = override.partition("=")[0].rpartition(".")[2]
+    paths = [f"env.search.{k}={v}" for k, v in given.items() if k != key]
+    rc = main(["train", "gigpo_search_qwen2.5_3b", "model.path=tiny", f"train.run_dir={run}",
+               "mesh.fsdp=1", "rollout.max_prompt_tokens=1024", "env.search.timeout=2",
+               *paths, override.format(bad_corpus=bad_corpus, no_answers=no_answers)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and says in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and not run.exists()

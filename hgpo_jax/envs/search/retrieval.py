@@ -574,8 +574,9 @@ class HttpRetriever:
                 last = f"HTTP {e.code} {e.reason}{detail}"
             except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
                 last = _describe(e, self.timeout)
-            logger.warning("retrieval attempt %d/%d at %s failed: %s",
-                           attempt + 1, self.retries, self.url, last)
+            if attempt + 1 < self.retries:  # the last failure is the error raised below
+                logger.warning("retrieval attempt %d/%d at %s failed: %s; retrying",
+                               attempt + 1, self.retries, self.url, last)
         raise RetrievalError(f"retrieval server {self.url} failed {self.retries} attempt(s), "
                              f"last: {last}; {_SERVER_HINT}")
 
