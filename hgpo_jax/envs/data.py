@@ -35,6 +35,15 @@ def candidate_archives(env: str, name: str, override: str | None = None) -> list
     return list(dict.fromkeys(found))
 
 
+def file_sha256(path: str) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def verify_sha256(archive: str, error: type[Exception] = OSError) -> None:
     """Check `archive` against `archive.sha256` (sha256sum format), if that file exists; raises
     `error` on a mismatch."""
@@ -43,11 +52,7 @@ def verify_sha256(archive: str, error: type[Exception] = OSError) -> None:
         return
     with open(sums, encoding="utf-8") as f:
         expected = f.read().split()[0].lower()
-    digest = hashlib.sha256()
-    with open(archive, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected:
+    if file_sha256(archive) != expected:
         raise error(f"{archive} fails its checksum ({sums}): the file is damaged; "
                     "restore it before training")
 
@@ -87,3 +92,42 @@ def unpack_archive(archive: str, dest_root: str, folder: str,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def required_folder(path: str, folder_name: str, required: tuple[str, ...]) -> str | None:
+    """`path` or `path/<folder_name>` if it holds every `required` file, else None."""
+    for folder in (path, os.path.join(path, folder_name)):
+        if all(os.path.isfile(os.path.join(folder, f)) for f in required):
+            return folder
+    return None
+
+
+def resolve_env_data(env: str, archive_name: str, folder_name: str, required: tuple[str, ...],
+                     given: tuple[tuple[str | None, str], ...], archive_override: str | None,
+                     how_to_get: str, error: type[Exception],
+                     find: Callable[[str], str | None] | None = None) -> str:
+    """The folder holding an env's data files, looked up the way every env that ships an archive
+    does: each (path, what it is) of `given` that is set (an explicit `data_dir`, the env's
+    variable) must hold the `required` files (or a `folder_name` folder that does); else the
+    complete unpack in `cache_root()/<env>/<folder_name>`; else the project's archive
+    (`candidate_archives(env, archive_name, archive_override)`), unpacked there once (`find`:
+    the unpacked folder check, default `required_folder`). `how_to_get` is formatted with
+    `looked=` the places tried for the `error` raised when nothing holds the data."""
+    for path, what in given:
+        if path:
+            path = os.fspath(path)
+            folder = required_folder(path, folder_name, required)
+            if folder:
+                return folder
+            lacking = [f for f in required if not os.path.isfile(os.path.join(path, f))]
+            raise error(f"{what}={path!r} lacks {lacking}. " + how_to_get.format(looked=[path]))
+    cached = os.path.join(cache_root(), env, folder_name)
+    if is_complete(cached):
+        return cached
+    find = find or (lambda tmp: required_folder(tmp, folder_name, required))
+    looked = []
+    for archive in candidate_archives(env, archive_name, archive_override):
+        if os.path.isfile(archive):
+            return unpack_archive(archive, os.path.dirname(cached), folder_name, find, error)
+        looked.append(archive)
+    raise error(how_to_get.format(looked=looked))

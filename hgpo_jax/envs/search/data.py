@@ -19,7 +19,6 @@ one line naming the file and the line (JSONL, from 1) or row (parquet, from 0).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -50,14 +49,7 @@ class SearchDataError(FileNotFoundError):
 # ------------------------------------------------------------------------------ data folder
 def _data_folder(path: str) -> str | None:
     """`path` or `path/searchqa-small` if it holds the required files, else None."""
-    for folder in (path, os.path.join(path, DATA_FOLDER)):
-        if all(os.path.isfile(os.path.join(folder, f)) for f in REQUIRED_FILES):
-            return folder
-    return None
-
-
-def _missing(path: str) -> list[str]:
-    return [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
+    return data.required_folder(path, DATA_FOLDER, REQUIRED_FILES)
 
 
 def check_sums(folder: str) -> None:
@@ -73,11 +65,7 @@ def check_sums(folder: str) -> None:
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             raise SearchDataError(f"{path} is missing ({sums} lists it)")
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != expected.lower():
+        if data.file_sha256(path) != expected.lower():
             raise SearchDataError(f"{path} fails its checksum ({sums}): the archive is damaged")
 
 
@@ -98,25 +86,11 @@ def unpack_archive(archive: str, dest_root: str) -> str:
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
     """The folder holding the search-QA files (see the module docstring for the lookup order)."""
-    looked = []
-    for given, what in ((data_dir, "data_dir"),
-                        (os.environ.get("SEARCHQA_DATA"), "$SEARCHQA_DATA")):
-        if given:
-            folder = _data_folder(os.fspath(given))
-            if folder:
-                return folder
-            raise SearchDataError(
-                f"{what}={os.fspath(given)!r} lacks {_missing(os.fspath(given))}. "
-                + _HOW_TO_GET_DATA.format(looked=[os.fspath(given)]))
-    cached = os.path.join(data.cache_root(), "searchqa", DATA_FOLDER)
-    if data.is_complete(cached):
-        return cached
-    for archive in data.candidate_archives("searchqa", ARCHIVE_NAME,
-                                           os.environ.get("HGPO_JAX_SEARCHQA_ARCHIVE")):
-        if os.path.isfile(archive):
-            return unpack_archive(archive, os.path.dirname(cached))
-        looked.append(archive)
-    raise SearchDataError(_HOW_TO_GET_DATA.format(looked=looked))
+    return data.resolve_env_data(
+        "searchqa", ARCHIVE_NAME, DATA_FOLDER, REQUIRED_FILES,
+        ((data_dir, "data_dir"), (os.environ.get("SEARCHQA_DATA"), "$SEARCHQA_DATA")),
+        os.environ.get("HGPO_JAX_SEARCHQA_ARCHIVE"), _HOW_TO_GET_DATA, SearchDataError,
+        find=_checked_data_folder)
 
 
 def default_files(data_dir: str | os.PathLike | None = None) -> dict[str, str]:

@@ -41,14 +41,7 @@ class WebShopDataError(FileNotFoundError):
 
 def _data_folder(path: str) -> str | None:
     """`path` or `path/webshop-small` if it holds the required files, else None."""
-    for folder in (path, os.path.join(path, DATA_FOLDER)):
-        if all(os.path.isfile(os.path.join(folder, f)) for f in REQUIRED_FILES):
-            return folder
-    return None
-
-
-def _missing(path: str) -> list[str]:
-    return [f for f in REQUIRED_FILES if not os.path.isfile(os.path.join(path, f))]
+    return data.required_folder(path, DATA_FOLDER, REQUIRED_FILES)
 
 
 def unpack_archive(archive: str, dest_root: str) -> str:
@@ -58,24 +51,10 @@ def unpack_archive(archive: str, dest_root: str) -> str:
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> str:
     """The folder holding the WebShop files (see the module docstring for the lookup order)."""
-    looked = []
-    for given, what in ((data_dir, "env.data_dir"), (os.environ.get("WEBSHOP_DATA"), "$WEBSHOP_DATA")):
-        if given:
-            folder = _data_folder(os.fspath(given))
-            if folder:
-                return folder
-            raise WebShopDataError(
-                f"{what}={os.fspath(given)!r} lacks {_missing(os.fspath(given))}. "
-                + _HOW_TO_GET_DATA.format(looked=[os.fspath(given)]))
-    cached = os.path.join(data.cache_root(), "webshop", DATA_FOLDER)
-    if data.is_complete(cached):
-        return cached
-    for archive in data.candidate_archives("webshop", ARCHIVE_NAME,
-                                           os.environ.get("HGPO_JAX_WEBSHOP_ARCHIVE")):
-        if os.path.isfile(archive):
-            return unpack_archive(archive, os.path.dirname(cached))
-        looked.append(archive)
-    raise WebShopDataError(_HOW_TO_GET_DATA.format(looked=looked))
+    return data.resolve_env_data(
+        "webshop", ARCHIVE_NAME, DATA_FOLDER, REQUIRED_FILES,
+        ((data_dir, "env.data_dir"), (os.environ.get("WEBSHOP_DATA"), "$WEBSHOP_DATA")),
+        os.environ.get("HGPO_JAX_WEBSHOP_ARCHIVE"), _HOW_TO_GET_DATA, WebShopDataError)
 
 
 @lru_cache(maxsize=8)
