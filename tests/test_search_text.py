@@ -214,7 +214,7 @@ def verl_agent_row(index, question, target, source):
 
 
 def test_load_questions_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa  # a runtime requirement (requirements.txt): never skipped
     import pyarrow.parquet as pq
 
     rows = [verl_agent_row(0, "who is he?", ["Him", "he"], "nq"),
