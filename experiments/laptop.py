@@ -41,6 +41,9 @@ GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma", "guidance
 SHALLOW = [o for o in GUIDED if not o.startswith("guidance.batch_acc")] + [
     "guidance.batch_acc_low=0.25", "guidance.batch_acc_high=0.25", "guidance.mu_global_init=0.5"]
 ESTIMATORS = {"hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"], "gigpo": ["algo.estimator=gigpo"],
+              # GiGPO with similarity groups: anchors whose difflib ratio >= 0.9 share a step
+              # group (verl-agent's algorithm.gigpo.similarity_thresh in their search script)
+              "gigpo_sim": ["algo.estimator=gigpo", "algo.similarity_thresh=0.9"],
               "grpo": ["algo.estimator=grpo"],
               "grpo_g2": ["algo.estimator=grpo", *GUIDED],
               "hgpo_k2_g2": ["algo.estimator=hgpo", "algo.K=2", *GUIDED],

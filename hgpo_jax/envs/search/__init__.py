@@ -23,6 +23,7 @@ import os
 from hgpo_jax.envs.search.options import SearchOptions
 
 SPLITS = ("train", "test")
+OTHER_WORLDS, OTHER_WORLD_SEED = 8, 100  # the worlds of the "*_other" episode kinds
 TOKENIZER_WORLD = 1  # the synthetic world whose text trains a built model's tokenizer
 
 
@@ -119,8 +120,11 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     """n scripted episodes of the split's questions, in order (cycling when n exceeds them),
     played through the env: kind "expert" (search the name, [search the city], answer the span:
     wins every question) or "random" (the right kinds of actions with random choices: the format
-    and the copying without the skill), hgpo_jax.envs.search.synthetic. The synthetic world only
-    (env.search.dataset=synthetic): the scripts read its sentence templates."""
+    and the copying without the skill), hgpo_jax.envs.search.synthetic. Kinds "expert_other" and
+    "random_other": the same policies on the train questions of OTHER_WORLDS other synthetic
+    worlds (other people, cities and countries; n spread over them), where no name recurs often
+    enough to be memorised: the answer can only be copied from <information>. The synthetic
+    world only (env.search.dataset=synthetic): the scripts read its sentence templates."""
     from hgpo_jax.envs.search import synthetic
 
     options = env_cfg.search
@@ -128,6 +132,18 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
         raise ValueError("search episodes are recorded on the synthetic world only "
                          "(env.search.dataset=synthetic, no env.search.corpus/train/test): their "
                          "scripts read its passages' sentences")
+    if kind.endswith("_other"):
+        out = []
+        for j in range(OTHER_WORLDS):
+            files = synthetic.world_files(seed=OTHER_WORLD_SEED + j)
+            other = SearchOptions(corpus=files["corpus"], train=files["train"], test=files["test"])
+            env = make_search_env(other, env_cfg.max_steps)
+            tasks = [f"train:{i}" for i in range(len(split_questions(other, "train")))]
+            count = n // OTHER_WORLDS + (j < n % OTHER_WORLDS)
+            out += synthetic.record(env, [tasks[i % len(tasks)] for i in range(count)],
+                                    kind[:-len("_other")], seed=seed + 7919 * j,
+                                    max_turns=env_cfg.max_steps)
+        return out
     env = make_search_env(options, env_cfg.max_steps, env_cfg.data_dir)
     tasks = [f"{split}:{i}" for i in range(len(split_questions(options, split)))]
     return synthetic.record(env, [tasks[i % len(tasks)] for i in range(n)], kind, seed=seed,
@@ -155,7 +171,8 @@ def _env_specs() -> dict:
 
     return {"search": EnvSpec(name="search", make_env=_make_env, list_tasks=_list_tasks,
                               splits=SPLITS, eval_splits=("test",), options=SearchOptions,
-                              record_episodes=_record_episodes, episode_kinds=KINDS,
+                              record_episodes=_record_episodes,
+                              episode_kinds=(*KINDS, *(f"{k}_other" for k in KINDS)),
                               built_model=BuiltModel(vocab=1024, episodes=corpus_episodes,
                                                      memory_len=4))}
 
