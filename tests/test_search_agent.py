@@ -44,7 +44,7 @@ def test_fixture_source():
 
 
 def test_templates_equal_the_authors():
-    assert FIXTURE["templates"] == [s.SEARCH_TEMPLATE_NO_HIS, s.SEARCH_TEMPLATE]
+    assert FIXTURE["templates"] == [s.TEMPLATE_NO_HISTORY, s.TEMPLATE_WITH_HISTORY]
 
 
 def test_projection_equals_the_authors_on_every_case():
@@ -79,7 +79,7 @@ def test_the_turn_adapter_equals_the_authors():
 
 # ------------------------------------------------------------------------------ templates
 def test_template_bytes():
-    no_his, his = s.SEARCH_TEMPLATE_NO_HIS, s.SEARCH_TEMPLATE
+    no_his, his = s.TEMPLATE_NO_HISTORY, s.TEMPLATE_WITH_HISTORY
     for t in (no_his, his):
         assert t.startswith("\nYou are an expert agent tasked with answering the given question "
                             "step-by-step.\nYour question: {task_description}\n\n")
@@ -105,7 +105,7 @@ def test_prompt_strings():
     assert ("History:\nStep 2: \n\nStep 3:<search>b</search> " + info + "\n\n\nNow it's your turn"
             in prompt)
     assert s.build_prompt("Who?", history, 0) == s.build_prompt("Who?", (), 4) == \
-        s.SEARCH_TEMPLATE_NO_HIS.format(task_description="Who?")
+        s.TEMPLATE_NO_HISTORY.format(task_description="Who?")
     assert s.build_prompt("{step_count}?", [("", "")], 1).count("{step_count}?") == 1
     with pytest.raises(ValueError, match="memory_len must be >= 0"):
         s.build_prompt("Who?", history, -1)

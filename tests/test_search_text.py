@@ -36,7 +36,7 @@ from hgpo_jax.envs.search.text import (
     extract_answer,
     history_text,
     information_text,
-    normalize_answer,
+    normalized_answer,
     prepare_question,
     search_error_text,
 )
@@ -78,7 +78,7 @@ def test_episode_history_and_reward_are_theirs():
 
 def test_normalize_extract_score_are_theirs():
     for s, expected in FIXTURE["normalize"]:
-        assert normalize_answer(s) == expected, s
+        assert normalized_answer(s) == expected, s
     for s, expected in FIXTURE["extract"]:
         assert extract_answer(s) == expected, s
     for s, golds, expected in FIXTURE["score"]:

@@ -18,8 +18,8 @@ QA numbers were produced with; templates quoted byte for byte).
 - SFT reply (`scripted_reply`): a reasoning line in <think> </think>, then the action text as
   is (the action already carries its tag).
 
-Checked against the authors' own functions (verl-agent 20bd331: `search_projection`, the
-templates, `SearchMemory` driven by `SearchEnvironmentManager`) on random cases:
+Checked against the authors' own code (verl-agent 20bd331: their reply projection, templates
+and history memory, driven by their env manager) on random cases:
 experiments/search_agent_reference.py writes tests/data/search_agent_reference.json, which
 tests/test_search_agent.py replays.
 """
@@ -55,8 +55,8 @@ _INSTRUCTIONS = (
     "(2) If you have enough knowledge to answer the question confidently, provide your final "
     "answer within <answer> </answer> tags, without detailed illustrations. For example, "
     "<answer>Beijing</answer>.\n")
-SEARCH_TEMPLATE_NO_HIS = _TASK + _INSTRUCTIONS  # the authors' names for the two templates
-SEARCH_TEMPLATE = _TASK + _HISTORY + _INSTRUCTIONS
+TEMPLATE_NO_HISTORY = _TASK + _INSTRUCTIONS
+TEMPLATE_WITH_HISTORY = _TASK + _HISTORY + _INSTRUCTIONS
 
 _BLOCK = {tag: re.compile(f"<{tag}>(.*?)</{tag}>", re.IGNORECASE | re.DOTALL) for tag in TAGS}
 _OPEN = {tag: re.compile(f"<{tag}>", re.IGNORECASE) for tag in TAGS}
@@ -135,13 +135,13 @@ def build_prompt(question: str, history: Sequence[tuple[str, str]] = (),
                  memory_len: int = MEMORY_LEN) -> str:
     """The user message of a step: `question`, and `history`, every past step of the episode as
     (projected action, observation that followed it) pairs, oldest first. No history, or
-    memory_len 0, gives SEARCH_TEMPLATE_NO_HIS (the authors also take it for a negative
+    memory_len 0, gives TEMPLATE_NO_HISTORY (the authors also take it for a negative
     history_length; here a negative memory_len is a ValueError, as for every agent); otherwise
-    SEARCH_TEMPLATE with the step count (all steps) and the last `memory_len` steps."""
+    TEMPLATE_WITH_HISTORY with the step count (all steps) and the last `memory_len` steps."""
     check_memory_len(memory_len)
     if not history or memory_len == 0:
-        return SEARCH_TEMPLATE_NO_HIS.format(task_description=question)
-    return SEARCH_TEMPLATE.format(task_description=question, step_count=len(history),
+        return TEMPLATE_NO_HISTORY.format(task_description=question)
+    return TEMPLATE_WITH_HISTORY.format(task_description=question, step_count=len(history),
                                   memory_context=format_memory(history, memory_len))
 
 

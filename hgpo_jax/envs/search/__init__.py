@@ -4,7 +4,7 @@
     obs, info = env.reset("test:0")
     obs, reward, done, info = env.step("<search>Christopher Nolan</search>")
 
-verl-agent's search env (SkyRL-gym's SearchEnv, 20bd331) over either retriever of
+verl-agent's search env (20bd331, a vendored SkyRL-gym env) over either retriever of
 `retrieval.py`: the embedded BM25 index (default) or a user's server speaking verl-agent's
 retrieval protocol (`env.search.url`, e.g. the e5 + wiki-18 server of their runs). The dynamics are
 `env.py`'s, the texts and the EM reward `text.py`'s, the data `data.py`'s (docs/envs.md).

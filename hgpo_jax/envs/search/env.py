@@ -6,7 +6,7 @@
     obs, reward, done, info = env.step("<answer>Jane Doe</answer>")   # reward: EM, 1.0 or 0.0
 
 The env takes the agent's projected action (hgpo_jax.agents.verl_agent.search: "<search>q</search>",
-"<answer>a</answer>" or "" for an invalid reply) and behaves as SkyRL-gym's SearchEnv under
+"<answer>a</answer>" or "" for an invalid reply) and behaves as the search env verl-agent vendors from SkyRL-gym, under
 verl-agent's batch env (20bd331; shared/design/search-qa.md section 1.4):
 - every step uses a turn; the episode ends when the action holds "<answer>" and "</answer>" or on
   turn `max_turns` (verl-agent's env.max_steps, 4 in run_search.sh): at most three searches then

@@ -10,7 +10,7 @@ Backends
 - `HttpRetriever`: a client of verl-agent's retrieval-server protocol, so a user's own server
   (for example Search-R1's e5 index of wiki-18) can stand in for the embedded index.
 
-The protocol (verl-agent's `retrieval_server.py` and SkyRL-Gym's `call_search_api`): `POST <url>`
+The protocol (verl-agent's retrieval server and the search tool's client): `POST <url>`
 (by convention `http://127.0.0.1:8000/retrieve`) with the JSON object
 `{"query": str, "topk": int, "return_scores": true}`, answered with
 `{"result": [[{"document": {"id": str, "contents": "\\"Title\\"\\ntext"}, "score": float}, ...]]}`:
@@ -82,7 +82,7 @@ B = 0.4
 DEFAULT_TOPK = 3  # env.search.topk in verl-agent's ppo_trainer.yaml
 DEFAULT_URL = "http://127.0.0.1:8000/retrieve"  # env.search.search_url
 DEFAULT_TIMEOUT = 60.0  # env.search.timeout (seconds)
-DEFAULT_RETRIES = 10  # SkyRL-Gym's MAX_RETRIES: attempts in all
+DEFAULT_RETRIES = 10  # attempts in all, as verl-agent's search client
 DEFAULT_BACKOFF = 1.0  # seconds; the wait before attempt i + 1 is backoff * i
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 ANALYZER = "anserini-default-english-porter"  # named in the cache key
@@ -515,7 +515,7 @@ class HttpRetriever:
 
     url: the full endpoint, e.g. http://127.0.0.1:8000/retrieve. topk: hits asked for when
     `search` gets no k. timeout: seconds per attempt (connect and answer). retries: attempts in
-    all. backoff: the wait before attempt i + 1 is `backoff * i` seconds (linear, as SkyRL-Gym's
+    all. backoff: the wait before attempt i + 1 is `backoff * i` seconds (linear, as verl-agent's
     client; tests pass a small one).
 
     Connection errors, timeouts and HTTP 500/502/503/504 are retried; after the last attempt,

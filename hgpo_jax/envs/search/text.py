@@ -1,6 +1,6 @@
 """The texts of search-augmented QA as verl-agent's search env makes them, and its EM score.
 
-verl-agent (GiGPO's code, commit 20bd331) runs SkyRL-gym's `SearchEnv` over an HTTP retriever.
+verl-agent (GiGPO's code, commit 20bd331) runs its vendored SkyRL-gym search env over an HTTP retriever.
 What the policy sees and how an episode is scored are plain string functions of the retrieved
 passages and of the episode's projected actions; this module holds them, with no I/O, so that any
 retriever (the project's local one or a user's wiki-18 server) gives the observations and rewards
@@ -78,7 +78,7 @@ def search_error_text(message: str) -> str:
 
 
 # --------------------------------------------------------------------------------- scoring
-def normalize_answer(s: str) -> str:
+def normalized_answer(s: str) -> str:
     """SQuAD's answer normalisation as Search-R1 and verl-agent apply it: lowercase, drop every
     ASCII punctuation character (`string.punctuation`), replace the words a/an/the by a space,
     collapse whitespace runs (any Unicode whitespace) to single spaces and trim. The order
@@ -110,8 +110,8 @@ def exact_match(history_text: str, golden_answers: str | Iterable[str]) -> float
         return 0.0
     if isinstance(golden_answers, str):
         golden_answers = (golden_answers,)
-    predicted = normalize_answer(answer)
-    return 1.0 if any(normalize_answer(g) == predicted for g in golden_answers) else 0.0
+    predicted = normalized_answer(answer)
+    return 1.0 if any(normalized_answer(g) == predicted for g in golden_answers) else 0.0
 
 
 def history_text(actions: Sequence[str], observations: Sequence[str]) -> str:
