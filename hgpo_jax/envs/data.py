@@ -61,6 +61,20 @@ def is_complete(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, COMPLETE_MARKER))
 
 
+def publish_folder(ready: str, final: str) -> None:
+    """Put the fully written folder `ready` in place as `final`, atomically: mark it complete,
+    remove a `final` left incomplete (an interrupted write), rename. When a concurrent writer
+    renamed its complete copy first, that copy is kept (the caller removes `ready`)."""
+    open(os.path.join(ready, COMPLETE_MARKER), "w").close()
+    if os.path.isdir(final) and not is_complete(final):
+        shutil.rmtree(final, ignore_errors=True)
+    try:
+        os.rename(ready, final)
+    except OSError:
+        if not is_complete(final):
+            raise  # not a concurrent writer that won the race
+
+
 def unpack_archive(archive: str, dest_root: str, folder: str,
                    find: Callable[[str], str | None], error: type[Exception] = OSError) -> str:
     """Unpack `archive` into `dest_root/folder` once, atomically; returns that folder.
@@ -81,14 +95,7 @@ def unpack_archive(archive: str, dest_root: str, folder: str,
         unpacked = find(tmp)
         if unpacked is None:
             raise error(f"{archive} does not contain the expected data ({folder})")
-        open(os.path.join(unpacked, COMPLETE_MARKER), "w").close()
-        if os.path.isdir(final) and not is_complete(final):
-            shutil.rmtree(final)  # left by an interrupted unpack of an older version
-        try:
-            os.rename(unpacked, final)
-        except OSError:
-            if not is_complete(final):
-                raise  # not a concurrent unpack that won the race
+        publish_folder(unpacked, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

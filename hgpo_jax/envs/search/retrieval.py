@@ -72,7 +72,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hgpo_jax.envs.data import COMPLETE_MARKER, cache_root, is_complete
+from hgpo_jax.envs.data import cache_root, is_complete, publish_folder
 
 logger = logging.getLogger(__name__)
 
@@ -266,14 +266,7 @@ def _save_atomically(model, folder: str, manifest: dict) -> None:
         model.save(tmp, show_progress=False)
         with open(os.path.join(tmp, _MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1)
-        open(os.path.join(tmp, COMPLETE_MARKER), "w").close()
-        if os.path.isdir(folder) and not is_complete(folder):
-            shutil.rmtree(folder)  # left by an interrupted or broken write
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not is_complete(folder):
-                raise
+        publish_folder(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

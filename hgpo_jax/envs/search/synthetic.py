@@ -35,7 +35,7 @@ import uuid
 
 import numpy as np
 
-from hgpo_jax.envs.data import COMPLETE_MARKER, cache_root, is_complete
+from hgpo_jax.envs.data import cache_root, is_complete, publish_folder
 
 VERSION = "synthetic-v1"  # bump when the world's generation changes: the cache is keyed by it
 SEED = 0
@@ -182,14 +182,7 @@ def write_world(world: World, folder: str) -> str:
         for name, rows in contents.items():
             with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
-        open(os.path.join(tmp, COMPLETE_MARKER), "w").close()
-        if os.path.isdir(folder) and not is_complete(folder):
-            shutil.rmtree(folder, ignore_errors=True)  # an interrupted write by an older version
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            if not is_complete(folder):
-                raise  # not a concurrent writer that won the race
+        publish_folder(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
