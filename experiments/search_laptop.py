@@ -16,12 +16,12 @@ Stages (each resumable):
 1. experts: the scripted policies' EM on every test and train question (the expert: 1.0; the
    random policy the warm start imitates: near chance), kept in OUT/experts.json.
 2. sft: a small Qwen2 built here (`build:search-small`) warm-started by `hgpo-jax sft
-   search_laptop_sft` on random episodes (400 steps: the format and the queries), then a second
-   round (`sft_mix`, 300 steps) on random episodes mixed with the expert's on 1,000 train
-   questions (a fifth of the turns): after the first round alone the model searched the name
-   but answered with train cities it had memorised instead of copying from <information>
-   (held-out EM 0.01, rollout EM 0.00: nothing for RL to reinforce); exported (float32) to
-   OUT/warm_start.
+   search_laptop_sft` on random episodes of 8 other generated worlds (400 steps), then a second
+   round on fresh ones (`sft_more`, 500 steps: after the first round the model still miscopied
+   most names out of <information>, sampled rollout EM 0.01); exported (float32) to
+   OUT/warm_start. The random policy knows the format and the mechanics (queries from the
+   question's words, an entity of the top passage copied) but chooses at random: which words to
+   search, which entity to answer, when to search again are left to RL.
 3. eval_warm: the warm start on the first 96 test questions, once each, greedy; episodes kept.
 4. rl: GiGPO (exact anchors), GiGPO with similarity groups (algo.similarity_thresh=0.9, the
    authors' search setting), HGPO (K=2) and GRPO from the warm start under equal compute
@@ -270,11 +270,8 @@ STUDY = laptop.Study(
     name="search_laptop", sft_config="search_laptop_sft", rl_config="search_laptop_rl",
     experts=stage_experts, report=stage_report,
     experts_done=lambda args: os.path.isfile(os.path.join(args.out, EXPERTS)),
-    more_sft=(("sft_mix", ["sft.data=random+expert:1000", "sft.episodes=3000", "sft.steps=300",
-                           "optim.lr=2e-3", "optim.warmup_steps=10", "train.seed=1"]),
-              ("sft_other", ["sft.data=random_other+expert_other:1000", "sft.episodes=3000",
-                             "sft.steps=400", "optim.lr=2e-3", "optim.warmup_steps=10",
-                             "train.seed=2"])),
+    more_sft=(("sft_more", ["sft.episodes=4000", "sft.steps=500", "optim.lr=2e-3",
+                            "optim.warmup_steps=10", "train.seed=1"]),),
     keep_episodes=True, add_arguments=add_arguments)
 
 

@@ -92,6 +92,17 @@ def test_random_episodes_are_valid_replies_near_chance_and_deterministic(env):
     assert 0.0 < won < 0.15
     kinds = {ep.steps[1].action.split(">")[0] for ep in episodes if len(ep.steps) > 1}
     assert kinds == {"<search", "<answer"}
+    # after a passage is shown, the choice is among the top passage's entities only
+    picked = fields = 0
+    for ep in episodes:
+        for step in ep.steps[1:]:
+            shown = synthetic.first_doc_fields(step.observation)
+            if shown:
+                content = step.action.split(">", 1)[1].rsplit("<", 1)[0]
+                assert content in shown.values()
+                picked += 1
+                fields += content == shown.get("city")
+    assert picked > 100 and 0.2 < fields / picked < 0.5  # about one pick in three is the city
 
 
 def test_record_episodes_through_the_registry_and_the_built_models_corpus():

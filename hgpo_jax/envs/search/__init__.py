@@ -119,8 +119,8 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
     """n scripted episodes of the split's questions, in order (cycling when n exceeds them),
     played through the env: kind "expert" (search the name, [search the city], answer the span:
-    wins every question) or "random" (the right kinds of actions with random choices: the format
-    and the copying without the skill), hgpo_jax.envs.search.synthetic. Kinds "expert_other" and
+    wins every question) or "random" (the right kinds of actions with random choices: the format,
+    queries from the question's words and an entity of the top passage copied, not the choices), hgpo_jax.envs.search.synthetic. Kinds "expert_other" and
     "random_other": the same policies on the train questions of OTHER_WORLDS other synthetic
     worlds (other people, cities and countries; n spread over them), where no name recurs often
     enough to be memorised: the answer can only be copied from <information>. The synthetic

@@ -277,11 +277,13 @@ def expert_action(question: str, observation: str, turn: int) -> str:
 
 
 def random_action(question: str, observation: str, turn: int, max_turns: int, rng) -> str:
-    """The format without the skill: the right kinds of actions with random choices.
-    First turn: search the name half the time, else a random run of 1-3 of the question's words.
-    Later: an entity the last observation names (a name, profession, city or country), answered
-    (always on the last turn, else half the time) or searched; with no entity shown, a random run
-    of the question searched (answered on the last turn)."""
+    """The format and the mechanics without the choices: the right kinds of actions, each choice
+    random. First turn: search the name half the time, else a random run of 1-3 of the
+    question's words. Later: one of the top passage's entities (a name, profession, city or
+    country), uniformly, answered (always on the last turn, else half the time) or searched;
+    with no passage shown, a random run of the question searched (answered on the last turn).
+    What it leaves to learn: which words to search, which field answers the question, when a
+    second search is needed."""
     words = question.rstrip("?").split()
     k = int(rng.integers(1, 4))
     start = int(rng.integers(0, len(words) - k + 1))
@@ -289,7 +291,7 @@ def random_action(question: str, observation: str, turn: int, max_turns: int, rn
     last = turn >= max_turns - 1
     if turn == 0:
         return f"<search>{name_in(question) if rng.random() < 0.5 else span}</search>"
-    found = entities(observation)
+    found = list(first_doc_fields(observation).values())
     if not found:
         return f"<answer>{span}</answer>" if last else f"<search>{span}</search>"
     pick = found[int(rng.integers(len(found)))]
