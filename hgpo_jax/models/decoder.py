@@ -29,6 +29,7 @@ from flax import nnx, struct
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.gpu_attention import ragged_decode_attention
+from hgpo_jax.models.lora import LoraSpec, linear
 from hgpo_jax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 from hgpo_jax.models.sharding import rows_sharding
 from hgpo_jax.models.tpu_attention import splash_attention
@@ -218,13 +219,15 @@ class Attention(nnx.Module):
     """Grouped-query self-attention with rotary embeddings; q/k/v (and o) biases and an RMSNorm
     over each head's queries and keys (`q_norm`, `k_norm`, before RoPE) where the config says."""
 
-    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 lora: LoraSpec | None = None, lora_rngs: nnx.Rngs | None = None):
         D, H, K, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_size
-        kw = dict(dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT, rngs=rngs)
-        self.q_proj = nnx.Linear(D, H * hd, use_bias=cfg.qkv_bias, **kw)
-        self.k_proj = nnx.Linear(D, K * hd, use_bias=cfg.qkv_bias, **kw)
-        self.v_proj = nnx.Linear(D, K * hd, use_bias=cfg.qkv_bias, **kw)
-        self.o_proj = nnx.Linear(H * hd, D, use_bias=cfg.out_bias, **kw)
+        kw = dict(dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT, rngs=rngs, lora=lora,
+                  lora_rngs=lora_rngs)
+        self.q_proj = linear("q_proj", D, H * hd, use_bias=cfg.qkv_bias, **kw)
+        self.k_proj = linear("k_proj", D, K * hd, use_bias=cfg.qkv_bias, **kw)
+        self.v_proj = linear("v_proj", D, K * hd, use_bias=cfg.qkv_bias, **kw)
+        self.o_proj = linear("o_proj", H * hd, D, use_bias=cfg.out_bias, **kw)
         norm = dict(dtype=dtype, param_dtype=param_dtype)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, **norm) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, **norm) if cfg.qk_norm else None
@@ -362,25 +365,28 @@ def _query_rows(x, last_slot):
 class MLP(nnx.Module):
     """down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 lora: LoraSpec | None = None, lora_rngs: nnx.Rngs | None = None):
         D, I = cfg.hidden_size, cfg.intermediate_size
         kw = dict(use_bias=cfg.mlp_bias, dtype=dtype, param_dtype=param_dtype, kernel_init=_INIT,
-                  rngs=rngs)
-        self.gate_proj = nnx.Linear(D, I, **kw)
-        self.up_proj = nnx.Linear(D, I, **kw)
-        self.down_proj = nnx.Linear(I, D, **kw)
+                  rngs=rngs, lora=lora, lora_rngs=lora_rngs)
+        self.gate_proj = linear("gate_proj", D, I, **kw)
+        self.up_proj = linear("up_proj", D, I, **kw)
+        self.down_proj = linear("down_proj", I, D, **kw)
 
     def __call__(self, x):  # [B, T, D] -> [B, T, D]
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
+                 lora: LoraSpec | None = None, lora_rngs: nnx.Rngs | None = None):
         norm = dict(dtype=dtype, param_dtype=param_dtype)
+        adapters = dict(lora=lora, lora_rngs=lora_rngs)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
-        self.self_attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **adapters)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm)
-        self.mlp = MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **adapters)
 
     def __call__(self, x, cos, sin, mask, cache_kv=None, index=None, last_query_only=False,
                  fused=None, last_slot=None):
@@ -403,10 +409,13 @@ class Decoder(nnx.Module):
     """
 
     def __init__(self, cfg: DecoderConfig, *, dtype, param_dtype, rngs: nnx.Rngs,
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, lora: LoraSpec | None = None, lora_seed: int = 0):
         self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                       param_dtype=param_dtype, embedding_init=_INIT, rngs=rngs)
-        layers = [DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        # adapters draw from a stream of their own: the base weights are the same with or without
+        lora_rngs = nnx.Rngs(params=lora_seed) if lora else None
+        layers = [DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs, lora=lora,
+                               lora_rngs=lora_rngs)
                   for _ in range(cfg.num_hidden_layers)]
         self.layers = stack_layers(layers) if scan_layers else nnx.List(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
@@ -453,11 +462,14 @@ class CausalLM(nnx.Module):
     scan_layers: stacked layer weights run by `jax.lax.scan` (one compiled layer instead of L; see
     Decoder); same values as the unrolled form. attention: the training forward's attention
     path ('auto', 'einsum', 'xla', 'cudnn'; `resolve_attention`), used when rows are right-padded.
+    lora: low-rank adapters on the linear layers it targets (`lora.py`; None: none), their A
+    drawn from `lora_seed`, their B zero.
     """
 
     def __init__(self, config: DecoderConfig, *, dtype="float32", param_dtype="float32",
                  rngs: nnx.Rngs | None = None, remat: bool = False, batch_mesh=None,
-                 scan_layers: bool = False, attention: str = "auto", lm_head: bool = True):
+                 scan_layers: bool = False, attention: str = "auto", lm_head: bool = True,
+                 lora: LoraSpec | None = None, lora_seed: int = 0):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         resolve_attention(attention, jnp.float32, config.head_size)  # validates the name
         self.config = config
@@ -465,9 +477,10 @@ class CausalLM(nnx.Module):
         self.batch_mesh = batch_mesh  # split activations' batch dim over its batch axes
         self.scan_layers = scan_layers
         self.attention = attention
+        self.lora = lora
         self.dtype, self.param_dtype = resolve_dtype(dtype), resolve_dtype(param_dtype)
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
-        self.model = Decoder(config, scan_layers=scan_layers, **kw)
+        self.model = Decoder(config, scan_layers=scan_layers, lora=lora, lora_seed=lora_seed, **kw)
         self.lm_head = (None if config.tie_word_embeddings or not lm_head else
                         nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False,
                                    kernel_init=_INIT, **kw))

@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.decoder import CriticModel, CausalLM, check_num_heads, new_value_head
+from hgpo_jax.models.lora import LEAVES, LoraSpec, is_adapter_path, new_adapter_value
+from hgpo_jax.models import peft_io
 from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
@@ -61,6 +63,15 @@ def hf_tensor_names(path: tuple, num_layers: int) -> tuple[list[str], bool]:
         return [name], transpose
     names = [flax_path_to_hf(("model", "layers", i) + tuple(path[2:])) for i in range(num_layers)]
     return [n for n, _ in names], names[0][1]
+
+
+def adapter_tensor_names(path: tuple, num_layers: int) -> list[str]:
+    """An adapter's Flax path -> its PEFT tensor names (one per layer for a stacked one), each
+    stored transposed (`peft_io`)."""
+    if not is_stacked(path):
+        return [peft_io.peft_name(_dotted(path))[0]]
+    return [peft_io.peft_name(_dotted(("model", "layers", i) + tuple(path[2:])))[0]
+            for i in range(num_layers)]
 
 
 def _dotted(path: tuple) -> str:
@@ -118,7 +129,8 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                     mesh: jax.sharding.Mesh | None = None, progress: bool = False,
                     scan_layers: bool = False, attention: str = "auto",
                     remat: bool = False, critic: bool = False, seed: int = 0,
-                    num_heads: int | None = None) -> CausalLM:
+                    num_heads: int | None = None, lora: LoraSpec | None = None,
+                    adapter: str | os.PathLike | None = None, lora_seed: int = 0) -> CausalLM:
     """Load an HF folder of any registered family (config.json + model.safetensors or a sharded
     index; `families`: qwen2, qwen3, llama). Its config.json is checked before any tensor is read.
 
@@ -134,11 +146,26 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
       converted tensor by tensor. compute_dtype: activations' dtype (default: `dtype`).
     mesh: when given, each tensor goes straight into its `NamedSharding` from the partition rules
       (no device ever holds a full copy of a sharded tensor). Reads one tensor at a time.
+    lora: low-rank adapters on the layers it targets (`lora.py`), new: A from `lora_seed`, B
+      zero (the model equals the folder's). adapter: a PEFT adapter folder (`peft_io.py`) whose
+      adapters are loaded instead, its rank, alpha and targets the spec (a `lora` given too must
+      be the same); it is checked against config.json (targets, shapes, layers) before any
+      weight is read. Adapters are stored in float32 whatever `dtype` is.
     """
     folder = os.fspath(path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"model folder {folder!r} does not exist or is not a directory")
     config = DecoderConfig.from_json_file(os.path.join(folder, "config.json"))
+    if adapter is not None:
+        adapter = os.fspath(adapter)
+        spec, _ = peft_io.read_adapter_config(adapter)
+        if lora is not None and lora != spec:
+            raise peft_io.AdapterError(
+                f"{adapter}: the adapter has rank {spec.rank}, alpha {spec.alpha:g}, targets "
+                f"{','.join(spec.targets)}, but the run asks for rank {lora.rank}, alpha "
+                f"{lora.alpha:g}, targets {','.join(lora.targets)}: drop model.lora_* (an adapter "
+                "brings its own) or make them the adapter's")
+        lora = spec
     reader = CheckpointReader(folder)
     np_dtype = np.dtype(resolve_dtype(dtype))
     available = set(reader.keys())
@@ -146,10 +173,29 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                           num_heads, folder) if critic else 1)
     graphdef, flat = abstract_model(config, dtype=dtype, compute_dtype=compute_dtype, critic=critic,
                                     num_heads=heads, scan_layers=scan_layers, attention=attention,
-                                    remat=remat)
+                                    remat=remat, lora=lora)
+    if adapter is not None:
+        expected = {}
+        for fpath, var in flat:
+            if is_adapter_path(fpath):
+                one = var.shape[1:] if is_stacked(fpath) else var.shape
+                for name in adapter_tensor_names(fpath, config.num_hidden_layers):
+                    expected[name] = tuple(one[::-1])
+        peft_io.check_adapter_tensors(adapter, expected)
 
     loaded, used = [], set()
     for fpath, var in tqdm(list(flat), desc="load weights", unit="tensor", disable=not progress):
+        if is_adapter_path(fpath):
+            if adapter is None:
+                host = new_adapter_value(_dotted(fpath), var.shape, np.float32, lora_seed)
+            else:
+                parts = [np.ascontiguousarray(peft_io.read_adapter_tensor(adapter, n).T.astype(np.float32))
+                         for n in adapter_tensor_names(fpath, config.num_hidden_layers)]
+                host = np.stack(parts) if is_stacked(fpath) else parts[0]
+            value = (jax.device_put(host) if mesh is None else
+                     jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape)))
+            loaded.append((fpath, var.replace(value=value)))
+            continue
         names, transpose = hf_tensor_names(fpath, config.num_hidden_layers)
         one_shape = var.shape[1:] if is_stacked(fpath) else var.shape
         if critic and fpath[0] == "score" and names[0] not in available:  # a new value head
@@ -223,7 +269,9 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
     into place, so `out_dir` is either the complete export or untouched. An existing empty
     `out_dir` is used (as transformers does); a non-empty one needs `overwrite=True` (it is then
     replaced as a whole once the export is complete). dtype: the stored dtype
-    (default: the model's parameter dtype). tokenizer: optional, saved alongside.
+    (default: the model's parameter dtype). tokenizer: optional, saved alongside. A model with
+    adapters is written merged (each adapted kernel W + scale * A B, in float32 on the host, then
+    cast): a plain model of its family (`save_adapter` writes the adapters alone).
     Returns the output folder.
     """
     out_dir = os.path.abspath(os.fspath(out_dir))
@@ -237,11 +285,28 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
     if limit <= 0:
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size!r}")
 
+    flat = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    adapters = {fpath: var for fpath, var in flat if is_adapter_path(fpath)}
+    scale = model.lora.scale if getattr(model, "lora", None) is not None else 0.0
     params = {}  # HF name -> (variable, transposed?, layer index in a stacked variable or None)
-    for fpath, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    merge_with = {}  # a kernel's variable id -> its adapters' (A, B) variables
+    for fpath, var in flat:
+        if is_adapter_path(fpath):
+            continue
         names, transpose = hf_tensor_names(fpath, model.config.num_hidden_layers)
         for i, name in enumerate(names):
             params[name] = (var, transpose, i if is_stacked(fpath) else None)
+        ab = tuple(adapters.get(fpath[:-1] + (leaf,)) for leaf in LEAVES)
+        if fpath[-1] == "kernel" and ab[0] is not None:
+            merge_with[id(var)] = ab
+
+    def host_of(var):  # a variable on the host, merged with its adapters where it has some
+        arr = _host_array(var[...])
+        if id(var) in merge_with:
+            a, b = (_host_array(v[...]).astype(np.float32) for v in merge_with[id(var)])
+            arr = (arr.astype(np.float32) + np.matmul(a, b) * np.float32(scale)).astype(arr.dtype)
+        return arr
+
     def hf_shape(var, transpose, layer):  # one HF tensor's shape (a layer of a stacked weight)
         shape = tuple(var.shape[1:] if layer is not None else var.shape)
         return shape[::-1] if transpose else shape
@@ -264,11 +329,11 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
     def produce(name: str) -> np.ndarray:
         var, transpose, layer = params[name]
         if layer is None:
-            arr = _host_array(var[...])
+            arr = host_of(var)
         else:
             if gathered.get("var") is not var:
                 gathered.clear()
-                gathered.update(var=var, arr=_host_array(var[...]))
+                gathered.update(var=var, arr=host_of(var))
             arr = gathered["arr"][layer]
         return (arr.T if transpose else arr).astype(np_dtype)
 
@@ -299,6 +364,26 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def save_adapter(model: CausalLM, out_dir: str | os.PathLike, *, base: str,
+                 overwrite: bool = False) -> str:
+    """Write the model's adapters as a PEFT folder (`peft_io.save_adapter`) that
+    `peft.PeftModel.from_pretrained(<base>, out_dir)` loads; `base` goes in its
+    adapter_config.json as base_model_name_or_path. Adapters only: the base is not written."""
+    if getattr(model, "lora", None) is None:
+        raise ValueError("the model has no adapters (model.lora_rank is 0): export it whole, "
+                         "without --adapter")
+    tensors = {}
+    for fpath, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        if not is_adapter_path(fpath):
+            continue
+        arr = _host_array(var[...]).astype(np.float32)
+        names = adapter_tensor_names(fpath, model.config.num_hidden_layers)
+        for i, name in enumerate(names):
+            one = arr[i] if is_stacked(fpath) else arr
+            tensors[name] = np.ascontiguousarray(one.T)
+    return peft_io.save_adapter(tensors, model.lora, out_dir, base=base, overwrite=overwrite)
 
 
 def critic_hf_config(hf_config: dict, num_heads: int, architecture: str) -> dict:

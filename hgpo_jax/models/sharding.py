@@ -100,7 +100,16 @@ def is_stacked_path(path: str) -> bool:
 def param_partition_spec(path: str) -> P:
     """PartitionSpec for a dotted Flax parameter path, e.g. 'model.layers.0.mlp.up_proj.kernel'.
     Stacked layer weights ('model.layers.mlp.up_proj.kernel' [L, D, I]) get the same rule behind
-    an unsplit layer axis."""
+    an unsplit layer axis. An adapter of a linear layer (`...q_proj.lora_a` [in, r], `lora_b`
+    [r, out]: models/lora.py) splits its in (A) or out (B) dimension as the layer's kernel does,
+    its rank dimension never."""
+    head, _, leaf = path.rpartition(".")
+    if leaf in ("lora_a", "lora_b"):
+        kernel = tuple(param_partition_spec(f"{head}.kernel"))
+        kernel = kernel[1:] if is_stacked_path(path) else kernel
+        kernel += (None,) * (2 - len(kernel))
+        spec = P(kernel[0], None) if leaf == "lora_a" else P(None, kernel[1])
+        return P(None, *spec) if is_stacked_path(path) else spec
     for pattern, spec in PARAM_RULES:
         if re.search(pattern, path):
             return P(None, *spec) if is_stacked_path(path) else spec
