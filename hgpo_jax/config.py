@@ -62,10 +62,22 @@ class ModelConfig(Options):
     compute_dtype: str = "bfloat16"  # activations: float32 | bfloat16
     scan_layers: bool = True  # stacked layer weights under lax.scan (one compiled layer); false: unrolled
     attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, splash on TPU, else einsum) | einsum | xla | cudnn | splash
+    lora_rank: int = 0  # LoRA adapters' rank (verl's lora_rank); 0: none, every weight trains
+    lora_alpha: float = 16.0  # adapters' scale alpha / rank (verl's lora_alpha)
+    lora_targets: str = "all-linear"  # adapted layers (verl's target_modules): all-linear | names among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+    adapter: str | None = None  # a PEFT LoRA folder to start from (its rank, alpha and targets are the run's)
 
     def _own_problems(self, p: Problems) -> None:
         allowed = allowed_values()
         p.check(bool(self.path.strip()), "path", self.path, "a local HF folder or 'tiny'")
+        p.at_least("lora_rank", self.lora_rank, 0)
+        p.positive("lora_alpha", self.lora_alpha)
+        p.check(bool(str(self.lora_targets).strip()), "lora_targets", self.lora_targets,
+                "all-linear or layer names (the names are checked when the model loads)")
+        p.check(self.adapter is None or bool(str(self.adapter).strip()), "adapter", self.adapter,
+                "a PEFT adapter folder or null")
+        p.check(not (self.adapter and self.lora_rank), "adapter", self.adapter,
+                "no model.lora_rank beside it (the adapter brings its own rank; set lora_rank=0)")
         p.one_of("dtype", self.dtype, allowed["dtype"])
         p.one_of("compute_dtype", self.compute_dtype, allowed["dtype"])
         p.one_of("attention", self.attention, allowed["attention"])

@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
+from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -143,3 +145,89 @@ def merged_kernel(kernel: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scale
     """W + scale * A B in float32, cast to the kernel's dtype: [in, out] (or stacked [L, in, out])."""
     delta = jnp.matmul(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32)) * scale
     return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
+
+
+# ------------------------------------------------------------------------------ a policy's params
+@flax.struct.dataclass
+class Adapted:
+    """A model's parameters when only its adapters train, one pytree: `train` (the
+    `nnx.LoRAParam` state) and `frozen` (the base's `nnx.Param` state, never differentiated, never
+    in an optimizer). Every other parameter tree is a plain `nnx.State` (all weights train)."""
+
+    train: Any
+    frozen: Any
+
+
+def split_params(model: nnx.Module) -> tuple[Any, Any]:
+    """(graphdef, params): params the model's `nnx.Param` state, or `Adapted` when it has
+    adapters (`CausalLM.lora`)."""
+    if getattr(model, "lora", None) is None:
+        return nnx.split(model, nnx.Param)
+    graphdef, train, frozen = nnx.split(model, nnx.LoRAParam, nnx.Param)
+    return graphdef, Adapted(train, frozen)
+
+
+def merge_params(graphdef, params) -> nnx.Module:
+    """The model of `split_params`' (graphdef, params)."""
+    if isinstance(params, Adapted):
+        return nnx.merge(graphdef, params.train, params.frozen)
+    return nnx.merge(graphdef, params)
+
+
+def trainable(params):
+    """What trains (and what the optimizer and a checkpoint hold): the adapters of an `Adapted`,
+    else every parameter."""
+    return params.train if isinstance(params, Adapted) else params
+
+
+def with_trainable(params, train):
+    """`params` with its trainable part replaced by `train`."""
+    return params.replace(train=train) if isinstance(params, Adapted) else train
+
+
+def adapters_off(params):
+    """The base model's parameters in the same tree (the KL reference of a LoRA run): an
+    `Adapted` whose adapters' B are zero, sharing the frozen arrays (no copy of the base); a
+    plain state is copied (it trains in place, the reference must not)."""
+    if not isinstance(params, Adapted):
+        return jax.tree.map(jnp.copy, params)
+    off = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if _leaf_name(path) == "lora_b" else jnp.copy(x),
+        params.train)
+    return params.replace(train=off)
+
+
+def _leaf_name(path) -> str:
+    names = [str(getattr(k, "key", getattr(k, "name", ""))) for k in path]
+    names = [n for n in names if n and n != "value"]
+    return names[-1] if names else ""
+
+
+def add_adapters(model, spec: LoraSpec, seed: int = 0):
+    """`model` (a CausalLM without adapters) with new adapters of `spec`: the same base arrays
+    (not copied), A from `seed` and each layer's path (`new_adapter_value`), B zero, placed as
+    the partition rules say on the model's `batch_mesh`."""
+    from hgpo_jax.models.decoder import CausalLM
+    from hgpo_jax.models.sharding import param_sharding
+
+    if getattr(model, "lora", None) is not None:
+        raise ValueError("the model already has adapters")
+    options = dict(remat=model.remat, batch_mesh=model.batch_mesh, scan_layers=model.scan_layers,
+                   attention=model.attention, lora=spec)
+    abstract = nnx.eval_shape(lambda: CausalLM(model.config, dtype=model.dtype,
+                                               param_dtype=model.param_dtype, rngs=nnx.Rngs(0),
+                                               **options))
+    graphdef, state = nnx.split(abstract)
+    base = dict(nnx.to_flat_state(nnx.state(model)))
+    filled = []
+    for path, var in nnx.to_flat_state(state):
+        if is_adapter_path(path):
+            dotted = ".".join(str(p) for p in path)
+            host = new_adapter_value(dotted, var.shape, np.float32, seed)
+            mesh = model.batch_mesh
+            value = (jax.device_put(host) if mesh is None else
+                     jax.device_put(host, param_sharding(mesh, dotted, host.shape)))
+        else:
+            value = base[path][...]
+        filled.append((path, var.replace(value=value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(filled))
