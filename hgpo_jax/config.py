@@ -14,10 +14,9 @@ is the file's stem. Override values are read with `yaml.safe_load` (`algo.K=4`, 
 YAML would read it as a number or bool (`name=2024`). An env's own options (`EnvSpec.options`) nest
 under its name: `env.<env>.key` in files and overrides, `cfg.env.<env>` in code.
 
-Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and
-how to fix it; `Config.validate()` checks the values (allowed names, positive sizes, ranges,
-divisibility) and raises one listing every problem. The checks, with the error, are
-`hgpo_jax.config_checks`. Nothing here imports JAX at module import time. See docs/config.md.
+Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and how
+to fix it; `Config.validate()` checks the values (names, sizes, ranges, divisibility) and raises
+one listing every problem (`hgpo_jax.config_checks`). No JAX at import time. See docs/config.md.
 """
 
 from __future__ import annotations
@@ -68,19 +67,12 @@ class ModelConfig(Options):
     adapter: str | None = None  # a PEFT LoRA folder to start from (its rank, alpha and targets are the run's)
 
     def _own_problems(self, p: Problems) -> None:
-        allowed = allowed_values()
         p.check(bool(self.path.strip()), "path", self.path, "a local HF folder or 'tiny'")
         p.at_least("lora_rank", self.lora_rank, 0)
-        p.positive("lora_alpha", self.lora_alpha)
-        p.check(bool(str(self.lora_targets).strip()), "lora_targets", self.lora_targets,
-                "all-linear or layer names (the names are checked when the model loads)")
-        p.check(self.adapter is None or bool(str(self.adapter).strip()), "adapter", self.adapter,
-                "a PEFT adapter folder or null")
-        p.check(not (self.adapter and self.lora_rank), "adapter", self.adapter,
-                "no model.lora_rank beside it (the adapter brings its own rank; set lora_rank=0)")
-        p.one_of("dtype", self.dtype, allowed["dtype"])
-        p.one_of("compute_dtype", self.compute_dtype, allowed["dtype"])
-        p.one_of("attention", self.attention, allowed["attention"])
+        p.positive("lora_alpha", self.lora_alpha)  # lora_targets, adapter: checked on loading
+        p.one_of("dtype", self.dtype, allowed_values()["dtype"])
+        p.one_of("compute_dtype", self.compute_dtype, allowed_values()["dtype"])
+        p.one_of("attention", self.attention, allowed_values()["attention"])
 
 
 @dataclass
