@@ -25,6 +25,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
