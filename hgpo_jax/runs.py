@@ -271,7 +271,43 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
                          "pass --allow-change to record the change from the restored step on")
     if found and kind == "rl":
         check_resumed_state(cfg, recorded.algo.estimator, run_dir)
+    if found:
+        check_resumed_base(cfg, run_dir)
     return changes
+
+
+def base_identity(model_path: str) -> dict:
+    """What a LoRA run's adapters were trained on, cheap to compute (no weight is read whole):
+    the base folder and a fingerprint of it (`models.lora.folder_fingerprint`); a run folder as the
+    base: the folder and its newest checkpoint's step."""
+    from hgpo_jax.models.lora import folder_fingerprint
+
+    if is_run_dir(model_path):
+        found = latest_checkpoint(model_path)
+        return {"folder": os.path.abspath(model_path), "step": found[1] if found else None}
+    folder = resolve_model_path(model_path)
+    return {"folder": os.path.abspath(folder), "fingerprint": folder_fingerprint(folder)}
+
+
+def check_resumed_base(cfg, run_dir: str) -> None:
+    """A resumed LoRA run's checkpoint holds adapters only: its base must be the one they were
+    trained on (the `base` its newest checkpoint's meta recorded). ValueError otherwise, before
+    any weight loads."""
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
+    try:
+        meta = ckpt.latest_meta() or {}
+    finally:
+        ckpt.close()
+    saved = meta.get("base")
+    if not saved:
+        return
+    now = base_identity(cfg.model.path)
+    if {k: v for k, v in now.items() if k != "folder"} != {k: v for k, v in saved.items()
+                                                           if k != "folder"}:
+        raise ValueError(f"--resume: {run_dir}'s adapters were trained on the base in "
+                         f"{saved['folder']}, and model.path={cfg.model.path!r} is another model "
+                         f"({now['folder']}, {'its weights differ' if 'fingerprint' in now else 'another checkpoint'}); "
+                         "resume with the base they were trained on")
 
 
 def check_resumed_state(cfg, recorded: str, run_dir: str) -> None:
@@ -508,6 +544,7 @@ class Run:
             cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, self.progress,
             scan_layers=cfg.model.scan_layers, attention=cfg.model.attention, **adapters)
         model = fit_adapters(model, spec, cfg.model.path, cfg.train.seed)
+        self.base = base_identity(cfg.model.path) if spec is not None else None
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
         self.graphdef, params = split_params(model)  # `lora.Adapted` when only adapters train
         self.shardings = param_shardings(self.mesh, params)
@@ -586,8 +623,10 @@ class Run:
         """(arrays, meta): what a checkpoint holds. arrays: the policy's params and optimizer
         state as {"params", "opt_state"} (the RL trainer adds its algorithm's state); meta: the
         JSON-able loop state (the trainers add theirs: step or iteration, data order, rngs)."""
-        return ({"params": trainable(self.state.params), "opt_state": self.state.opt_state},
-                {"name": self.cfg.name})
+        meta = {"name": self.cfg.name}
+        if self.base is not None:  # adapters only: the base they go on, for a resume's check
+            meta["base"] = self.base
+        return {"params": trainable(self.state.params), "opt_state": self.state.opt_state}, meta
 
     def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
         """Take back what `checkpoint_tree()` gave, restored from a checkpoint."""
