@@ -323,8 +323,7 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
 
     grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)  # of what trains only
 
-    def step(params, opt_state, mb):
-        train, frozen = _parts(params)
+    def step(train, opt_state, mb, frozen):
         # micro-batch j = rows j, j + num_micro, j + 2 num_micro, ...: every micro-batch is
         # spread over all batch shards (a contiguous split would put whole micro-batches on one
         # shard, and XLA would then run each micro-batch unsharded on every device)
@@ -348,13 +347,33 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
         grads = jax.tree.map(lambda g: g / num_micro, grads)
         loss = loss / num_micro
         metrics = jax.tree.map(lambda m: m / num_micro, metrics)
-        new_train, new_opt, out = apply_gradients(tx, train, opt_state, grads, loss, metrics)
-        return with_trainable(params, new_train), new_opt, out
+        return apply_gradients(tx, train, opt_state, grads, loss, metrics)
 
     if mesh is None:
-        return jax.jit(step, donate_argnums=(0, 1))
-    return jax.jit(step, in_shardings=(shardings, opt_shardings, batch_shardings(mesh, batch_spec)),
-                   out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+        return SplitStep(jax.jit(step, donate_argnums=(0, 1)))
+    train_sh, frozen_sh = _parts(shardings)
+    return SplitStep(jax.jit(
+        step, in_shardings=(train_sh, opt_shardings, batch_shardings(mesh, batch_spec), frozen_sh),
+        out_shardings=(train_sh, opt_shardings, None), donate_argnums=(0, 1)))
+
+
+class SplitStep:
+    """`step(params, opt_state, batch) -> (params, opt_state, metrics)` over a jitted
+    `fn(train, opt_state, batch, frozen) -> (train, opt_state, metrics)`: what trains and its
+    optimizer state are donated, a LoRA run's frozen base never is (the KL reference shares
+    it). `lower` as a jit's, for the plan."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, params, opt_state, batch):
+        train, frozen = _parts(params)
+        new_train, new_opt, metrics = self.fn(train, opt_state, batch, frozen)
+        return with_trainable(params, new_train), new_opt, metrics
+
+    def lower(self, params, opt_state, batch):
+        train, frozen = _parts(params)
+        return self.fn.lower(train, opt_state, batch, frozen)
 
 
 class BudgetStep(NamedTuple):
@@ -389,9 +408,8 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
         (loss, metrics), grads = grad_fn(*_parts(params), micro)
         return jax.tree.map(jnp.add, acc, (grads, loss, metrics))
 
-    def apply(params, opt_state, acc):
-        new_train, new_opt, out = apply_gradients(tx, trainable(params), opt_state, *acc)
-        return with_trainable(params, new_train), new_opt, out
+    def apply(train, opt_state, acc, frozen):  # frozen: SplitStep's signature
+        return apply_gradients(tx, train, opt_state, *acc)
 
     def zeros(params):
         return (jax.tree.map(jnp.zeros_like, trainable(params)), jnp.zeros((), jnp.float32),
@@ -400,7 +418,7 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
     if mesh is None:
         jit_zeros = jax.jit(zeros)
         jit_acc = jax.jit(accumulate, donate_argnums=(1,))
-        jit_apply = jax.jit(apply, donate_argnums=(0, 1))
+        jit_apply = SplitStep(jax.jit(apply, donate_argnums=(0, 1)))
     else:
         rep = NamedSharding(mesh, P())
         mb = batch_shardings(mesh, batch_spec)
@@ -408,8 +426,10 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
         jit_zeros = jax.jit(zeros, in_shardings=(shardings,), out_shardings=acc_sh)
         jit_acc = jax.jit(accumulate, in_shardings=(shardings, acc_sh, mb), out_shardings=acc_sh,
                           donate_argnums=(1,))
-        jit_apply = jax.jit(apply, in_shardings=(shardings, opt_shardings, acc_sh),
-                            out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+        train_sh, frozen_sh = _parts(shardings)
+        jit_apply = SplitStep(jax.jit(apply, in_shardings=(train_sh, opt_shardings, acc_sh, frozen_sh),
+                                      out_shardings=(train_sh, opt_shardings, None),
+                                      donate_argnums=(0, 1)))
 
     def init(params):
         if not metric_keys:
