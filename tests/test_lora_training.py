@@ -116,3 +116,41 @@ def test_lora_refusals_before_the_weights_load(tmp_path):
         Trainer(lora_config(tmp_path / "c", f"model.adapter={tmp_path}"), progress=False)
     with pytest.raises(Exception, match="lora_rank"):
         lora_config(tmp_path / "d", "model.lora_rank=-1").validate()
+
+
+def test_a_lora_step_on_two_and_eight_devices_equals_one():
+    """The adapters' update sharded (fsdp=2; data=2 x fsdp=2 x tensor=2) equals one device's,
+    and leaves the frozen base as it was."""
+    from test_ppo import CFG, minibatch, random_batch
+
+    from hgpo_jax.models import CausalLM, make_mesh
+    from hgpo_jax.models.lora import LoraSpec, split_params
+    from hgpo_jax.rl.ppo import LossConfig, make_train_step
+    from hgpo_jax.rl.update import (init_opt_state, make_logprob_fn, make_optimizer,
+                                    param_shardings, shard_params)
+
+    batch = random_batch(8)
+    results = []
+    for mesh in (None, make_mesh(fsdp=2), make_mesh(data=2, fsdp=2, tensor=2)):
+        model = CausalLM(CFG, rngs=nnx.Rngs(0), lora=LoraSpec(4, 8.0), scan_layers=True)
+        for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):  # B not zero
+            var[...] = var[...] + 0.01
+        model.batch_mesh = mesh
+        graphdef, params = split_params(model)
+        params = shard_params(params, mesh)
+        base = host(params.frozen)
+        tx = make_optimizer(1e-3)
+        shard = param_shardings(mesh, params) if mesh is not None else None
+        opt_state, opt_shard = init_opt_state(tx, params, mesh)
+        step = make_train_step(graphdef, tx, LossConfig(), 2, mesh, shard, opt_shard)
+        mb = minibatch(make_logprob_fn(graphdef, mesh, shard), params, batch)
+        for _ in range(2):
+            params, opt_state, m = step(params, opt_state, mb)
+        assert jax.tree.all(jax.tree.map(np.array_equal, base, host(params.frozen)))
+        results.append((float(m["train/loss"]), host(params.train)))
+    loss1, p1 = results[0]
+    for loss_n, p_n in results[1:]:
+        assert abs(loss1 - loss_n) <= 1e-5 * max(1.0, abs(loss1))
+        # Adam divides by the gradient's own size: an adapter weight whose gradient is ~0 may step
+        # by up to lr (1e-3) on a sign the reduction order decides; 1e-4 is a tenth of that
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5), p1, p_n)
