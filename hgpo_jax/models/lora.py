@@ -24,7 +24,9 @@ weight port working unchanged.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
 import zlib
 from typing import Any
 
@@ -141,12 +143,6 @@ def new_adapter_value(dotted: str, shape: tuple[int, ...], dtype, seed: int) -> 
     return np.asarray(jax.random.uniform(key, shape, jnp.float32, -bound, bound)).astype(dtype)
 
 
-def merged_kernel(kernel: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scale: float) -> jax.Array:
-    """W + scale * A B in float32, cast to the kernel's dtype: [in, out] (or stacked [L, in, out])."""
-    delta = jnp.matmul(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32)) * scale
-    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
-
-
 # ------------------------------------------------------------------------------ a policy's params
 @flax.struct.dataclass
 class Adapted:
@@ -208,9 +204,6 @@ def folder_fingerprint(folder: str, sample: int = 1 << 16, samples: int = 4) -> 
     per *.safetensors file (sorted), its size, its header and `samples` blocks of `sample` bytes
     spread evenly over it. Two folders of the same architecture with other weights differ in
     every block; a copy of the folder elsewhere fingerprints the same."""
-    import hashlib
-    import os
-
     h = hashlib.sha256()
     names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors") or n == "config.json")
     for name in names:
