@@ -12,9 +12,10 @@
         Supervised warm start (the `sft:` section) on expert episodes, random episodes (the
         reply format only) or a JSONL of {"prompt", "response"} turns; an RL run starts from it
         with model.path=RUN_DIR.
-    hgpo-jax export RUN_DIR OUT_DIR [--overwrite] [--critic]
+    hgpo-jax export RUN_DIR OUT_DIR [--overwrite] [--critic | --adapter]
         The latest checkpoint's policy (RL or supervised run) as a Hugging Face folder, into a new
-        or empty folder outside any run (--overwrite: replace an earlier export).
+        or empty folder outside any run (--overwrite: replace an earlier export); a LoRA run's
+        merged, or its adapters alone as a PEFT folder (--adapter).
     hgpo-jax plan CONFIG [key=value ...]
         Compile the train step ahead of time for the config's mesh and print memory per device.
     hgpo-jax demo [--model DIR|RUN_DIR] [--prompt TEXT] [--max-new-tokens N] [--temperature T]
@@ -118,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--critic", action="store_true",
                     help="export a ppo or hiper run's critic (the family's transformers "
                          "...ForTokenClassification, e.g. Qwen2ForTokenClassification)")
+    ex.add_argument("--adapter", action="store_true",
+                    help="a LoRA run's adapters alone, as a PEFT folder (adapter_config.json + "
+                         "adapter_model.safetensors) that peft.PeftModel.from_pretrained loads")
     ex.set_defaults(func=cmd_export)
     pl = sub.add_parser("plan", help="compile the train step and print memory per device")
     pl.add_argument("config")

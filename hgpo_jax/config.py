@@ -14,10 +14,9 @@ is the file's stem. Override values are read with `yaml.safe_load` (`algo.K=4`, 
 YAML would read it as a number or bool (`name=2024`). An env's own options (`EnvSpec.options`) nest
 under its name: `env.<env>.key` in files and overrides, `cfg.env.<env>` in code.
 
-Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and
-how to fix it; `Config.validate()` checks the values (allowed names, positive sizes, ranges,
-divisibility) and raises one listing every problem. The checks, with the error, are
-`hgpo_jax.config_checks`. Nothing here imports JAX at module import time. See docs/config.md.
+Strict: an unknown key, a wrong type or a bad value raises a `ConfigError` naming the key and how
+to fix it; `Config.validate()` checks the values (names, sizes, ranges, divisibility) and raises
+one listing every problem (`hgpo_jax.config_checks`). No JAX at import time. See docs/config.md.
 """
 
 from __future__ import annotations
@@ -62,13 +61,18 @@ class ModelConfig(Options):
     compute_dtype: str = "bfloat16"  # activations: float32 | bfloat16
     scan_layers: bool = True  # stacked layer weights under lax.scan (one compiled layer); false: unrolled
     attention: str = "auto"  # training forward: auto (cuDNN flash on GPU, splash on TPU, else einsum) | einsum | xla | cudnn | splash
+    lora_rank: int = 0  # LoRA adapters' rank (verl's lora_rank); 0: none, every weight trains
+    lora_alpha: float = 16.0  # adapters' scale alpha / rank (verl's lora_alpha)
+    lora_targets: str = "all-linear"  # adapted layers (verl's target_modules): all-linear | names among q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+    adapter: str | None = None  # a PEFT LoRA folder to start from (its rank, alpha and targets are the run's)
 
     def _own_problems(self, p: Problems) -> None:
-        allowed = allowed_values()
         p.check(bool(self.path.strip()), "path", self.path, "a local HF folder or 'tiny'")
-        p.one_of("dtype", self.dtype, allowed["dtype"])
-        p.one_of("compute_dtype", self.compute_dtype, allowed["dtype"])
-        p.one_of("attention", self.attention, allowed["attention"])
+        p.at_least("lora_rank", self.lora_rank, 0)
+        p.positive("lora_alpha", self.lora_alpha)  # lora_targets, adapter: checked on loading
+        p.one_of("dtype", self.dtype, allowed_values()["dtype"])
+        p.one_of("compute_dtype", self.compute_dtype, allowed_values()["dtype"])
+        p.one_of("attention", self.attention, allowed_values()["attention"])
 
 
 @dataclass

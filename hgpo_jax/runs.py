@@ -37,7 +37,9 @@ from hgpo_jax.config import (RUN_CHANGES_FILE, SECTIONS, Config, apply_mapping, 
 from hgpo_jax.config_checks import marked_env_options, section_values
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
-from hgpo_jax.models.decoder import relayout_layers
+from hgpo_jax.models.decoder import add_adapters, relayout_layers
+from hgpo_jax.models.lora import (from_options, merge_params, split_params, trainable,
+                                  with_trainable)
 from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings, shard_params
 
 RUN_CONFIG = "config.yaml"
@@ -269,7 +271,43 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
                          "pass --allow-change to record the change from the restored step on")
     if found and kind == "rl":
         check_resumed_state(cfg, recorded.algo.estimator, run_dir)
+    if found:
+        check_resumed_base(cfg, run_dir)
     return changes
+
+
+def base_identity(model_path: str) -> dict:
+    """What a LoRA run's adapters were trained on, cheap to compute (no weight is read whole):
+    the base folder and a fingerprint of it (`models.lora.folder_fingerprint`); a run folder as the
+    base: the folder and its newest checkpoint's step."""
+    from hgpo_jax.models.lora import folder_fingerprint
+
+    if is_run_dir(model_path):
+        found = latest_checkpoint(model_path)
+        return {"folder": os.path.abspath(model_path), "step": found[1] if found else None}
+    folder = resolve_model_path(model_path)
+    return {"folder": os.path.abspath(folder), "fingerprint": folder_fingerprint(folder)}
+
+
+def check_resumed_base(cfg, run_dir: str) -> None:
+    """A resumed LoRA run's checkpoint holds adapters only: its base must be the one they were
+    trained on (the `base` its newest checkpoint's meta recorded). ValueError otherwise, before
+    any weight loads."""
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
+    try:
+        meta = ckpt.latest_meta() or {}
+    finally:
+        ckpt.close()
+    saved = meta.get("base")
+    if not saved:
+        return
+    now = base_identity(cfg.model.path)
+    if {k: v for k, v in now.items() if k != "folder"} != {k: v for k, v in saved.items()
+                                                           if k != "folder"}:
+        raise ValueError(f"--resume: {run_dir}'s adapters were trained on the base in "
+                         f"{saved['folder']}, and model.path={cfg.model.path!r} is another model "
+                         f"({now['folder']}, {'its weights differ' if 'fingerprint' in now else 'another checkpoint'}); "
+                         "resume with the base they were trained on")
 
 
 def check_resumed_state(cfg, recorded: str, run_dir: str) -> None:
@@ -305,12 +343,47 @@ def build_optimizer(cfg, total_steps: int = 1):
                           total_steps=total_steps, b1=o.b1, b2=o.b2)
 
 
+def lora_spec(model_cfg):
+    """The `models.lora.LoraSpec` of a config's model section (None: no adapters):
+    model.adapter's own (a PEFT folder), else model.lora_rank / lora_alpha / lora_targets'.
+    ValueError (peft_io.AdapterError) names what does not fit, before any weight loads."""
+    from hgpo_jax.models.peft_io import read_adapter_config
+
+    if model_cfg.adapter and model_cfg.lora_rank:
+        raise ValueError(f"model.adapter={model_cfg.adapter!r} brings its own rank: set "
+                         f"model.lora_rank=0 (not {model_cfg.lora_rank}) beside it")
+    if model_cfg.adapter:
+        return read_adapter_config(model_cfg.adapter)[0]
+    return from_options(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_targets)
+
+
+def fit_adapters(model, spec, path: str, seed: int = 0):
+    """The loaded `model` with the adapters the run asks for (`spec`; None: none): new ones
+    on a model without (a run folder's full weights as the base), the model itself where its
+    adapters are the spec's; ValueError where the model's adapters are not the run's."""
+    have = getattr(model, "lora", None)
+    if have == spec:
+        return model
+    if have is None:
+        return add_adapters(model, spec, seed)
+    want = "no adapters" if spec is None else f"adapters of rank {spec.rank}"
+    raise ValueError(f"model.path={path!r} holds a policy with LoRA adapters of rank {have.rank} "
+                     f"(alpha {have.alpha:g}), but this run asks for {want}: set model.lora_rank="
+                     f"{have.rank} model.lora_alpha={have.alpha:g} model.lora_targets="
+                     f"{','.join(have.targets)} to go on training them, or export the run merged "
+                     "(`hgpo-jax export RUN OUT`) and start from that folder")
+
+
 def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = None, mesh=None,
                progress: bool = False, **options):
     """(model, tokenizer, base folder) for a model.path (see the module docstring). dtype None:
     a run folder's own model.dtype, else float32. options: the model's (scan_layers, attention,
     remat); a run folder's weights are read in its own layer layout, then given `scan_layers`."""
     if is_run_dir(path):
+        if options.get("adapter"):
+            raise ValueError(f"model.adapter={options['adapter']!r} with model.path={path!r}, a run "
+                             "folder: a run's weights are its own; start from one or the other")
+        options.pop("adapter", None)
         return _load_run_model(path, dtype, compute_dtype, mesh, progress, **options)
     folder = resolve_model_path(path)
     dtype = dtype or "float32"
@@ -343,14 +416,18 @@ def run_source(run_dir: str) -> str:
 def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **options):
     cfg = load_config(run_dir)
     want_scan = options.pop("scan_layers", cfg.model.scan_layers)
+    options.pop("lora", None)  # a run's weights come with its own adapters (or none)
+    spec = lora_spec(cfg.model)
     model, tokenizer, base = load_model(run_source(run_dir), dtype or cfg.model.dtype,
                                         compute_dtype or cfg.model.compute_dtype, mesh, progress,
                                         scan_layers=cfg.model.scan_layers, **options)
-    graphdef, params = nnx.split(model, nnx.Param)
+    if spec is not None and model.lora is None:  # adapters on a base that has none
+        model = add_adapters(model, spec)
+    graphdef, params = split_params(model)
     opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
     try:
-        found = ckpt.restore_latest({"params": params, "opt_state": opt_state})
+        found = ckpt.restore_latest({"params": trainable(params), "opt_state": opt_state})
     finally:
         ckpt.close()
     if found is None:
@@ -359,7 +436,7 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
     state, _, step = found
     if progress:
         print(f"loaded the weights of {run_dir} at step {step}", flush=True)
-    model = nnx.merge(graphdef, state["params"])
+    model = merge_params(graphdef, with_trainable(params, state["params"]))
     if want_scan != cfg.model.scan_layers:
         model = relayout_layers(model, want_scan)
         nnx.update(model, shard_params(nnx.state(model), mesh))
@@ -460,11 +537,16 @@ class Run:
             if self.main:
                 model_folder(cfg.model.path)
             dist.barrier("hgpo_jax model folder")
+        spec = lora_spec(cfg.model)  # an adapter folder that does not fit: refused before loading
+        adapters = ({} if is_run_dir(cfg.model.path) else
+                    {"lora": spec, "adapter": cfg.model.adapter, "lora_seed": cfg.train.seed})
         model, self.tokenizer, self.model_dir = load_model(
             cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, self.progress,
-            scan_layers=cfg.model.scan_layers, attention=cfg.model.attention)
+            scan_layers=cfg.model.scan_layers, attention=cfg.model.attention, **adapters)
+        model = fit_adapters(model, spec, cfg.model.path, cfg.train.seed)
+        self.base = base_identity(cfg.model.path) if spec is not None else None
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
-        self.graphdef, params = nnx.split(model, nnx.Param)
+        self.graphdef, params = split_params(model)  # `lora.Adapted` when only adapters train
         self.shardings = param_shardings(self.mesh, params)
         self.tx = build_optimizer(cfg, max(1, math.ceil(total_updates)))
         opt_state, self.opt_shardings = init_opt_state(self.tx, params, self.mesh)
@@ -541,11 +623,15 @@ class Run:
         """(arrays, meta): what a checkpoint holds. arrays: the policy's params and optimizer
         state as {"params", "opt_state"} (the RL trainer adds its algorithm's state); meta: the
         JSON-able loop state (the trainers add theirs: step or iteration, data order, rngs)."""
-        return {"params": self.state.params, "opt_state": self.state.opt_state}, {"name": self.cfg.name}
+        meta = {"name": self.cfg.name}
+        if self.base is not None:  # adapters only: the base they go on, for a resume's check
+            meta["base"] = self.base
+        return {"params": trainable(self.state.params), "opt_state": self.state.opt_state}, meta
 
     def load_checkpoint_tree(self, arrays: dict, meta: dict) -> None:
         """Take back what `checkpoint_tree()` gave, restored from a checkpoint."""
-        self.state = self.state.replace(params=arrays["params"], opt_state=arrays["opt_state"])
+        self.state = self.state.replace(params=with_trainable(self.state.params, arrays["params"]),
+                                        opt_state=arrays["opt_state"])
 
     def save(self, step: int) -> None:
         self.ckpt.save(step, *self.checkpoint_tree())
@@ -569,7 +655,7 @@ class Run:
 
     def model(self):
         """The current policy as an NNX module."""
-        return nnx.merge(self.graphdef, self.state.params)
+        return merge_params(self.graphdef, self.state.params)
 
     def close(self) -> None:
         self.logger.close()

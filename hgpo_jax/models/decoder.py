@@ -25,13 +25,14 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx, struct
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.gpu_attention import ragged_decode_attention
-from hgpo_jax.models.lora import LoraSpec, linear
+from hgpo_jax.models.lora import LoraSpec, is_adapter_path, linear, new_adapter_value
 from hgpo_jax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
-from hgpo_jax.models.sharding import rows_sharding
+from hgpo_jax.models.sharding import param_sharding, rows_sharding
 from hgpo_jax.models.tpu_attention import splash_attention
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # HF initializer_range default
@@ -762,3 +763,30 @@ def relayout_layers(model: CausalLM, scan_layers: bool) -> CausalLM:
                           else nnx.List(unstack_layers(layers)))
     model.scan_layers = scan_layers
     return model
+
+
+def add_adapters(model, spec: LoraSpec, seed: int = 0):
+    """`model` (a CausalLM without adapters) with new adapters of `spec`: the same base arrays
+    (not copied), A from `seed` and each layer's path (`new_adapter_value`), B zero, placed as
+    the partition rules say on the model's `batch_mesh`."""
+    if getattr(model, "lora", None) is not None:
+        raise ValueError("the model already has adapters")
+    options = dict(remat=model.remat, batch_mesh=model.batch_mesh, scan_layers=model.scan_layers,
+                   attention=model.attention, lora=spec)
+    abstract = nnx.eval_shape(lambda: CausalLM(model.config, dtype=model.dtype,
+                                               param_dtype=model.param_dtype, rngs=nnx.Rngs(0),
+                                               **options))
+    graphdef, state = nnx.split(abstract)
+    base = dict(nnx.to_flat_state(nnx.state(model)))
+    filled = []
+    for path, var in nnx.to_flat_state(state):
+        if is_adapter_path(path):
+            dotted = ".".join(str(p) for p in path)
+            host = new_adapter_value(dotted, var.shape, np.float32, seed)
+            mesh = model.batch_mesh
+            value = (jax.device_put(host) if mesh is None else
+                     jax.device_put(host, param_sharding(mesh, dotted, host.shape)))
+        else:
+            value = base[path][...]
+        filled.append((path, var.replace(value=value)))
+    return nnx.merge(graphdef, nnx.from_flat_state(filled))

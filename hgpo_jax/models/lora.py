@@ -24,9 +24,13 @@ weight port working unchanged.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
 import zlib
+from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,7 +143,80 @@ def new_adapter_value(dotted: str, shape: tuple[int, ...], dtype, seed: int) -> 
     return np.asarray(jax.random.uniform(key, shape, jnp.float32, -bound, bound)).astype(dtype)
 
 
-def merged_kernel(kernel: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scale: float) -> jax.Array:
-    """W + scale * A B in float32, cast to the kernel's dtype: [in, out] (or stacked [L, in, out])."""
-    delta = jnp.matmul(lora_a.astype(jnp.float32), lora_b.astype(jnp.float32)) * scale
-    return (kernel.astype(jnp.float32) + delta).astype(kernel.dtype)
+# ------------------------------------------------------------------------------ a policy's params
+@flax.struct.dataclass
+class Adapted:
+    """A model's parameters when only its adapters train, one pytree: `train` (the
+    `nnx.LoRAParam` state) and `frozen` (the base's `nnx.Param` state, never differentiated, never
+    in an optimizer). Every other parameter tree is a plain `nnx.State` (all weights train)."""
+
+    train: Any
+    frozen: Any
+
+
+def split_params(model: nnx.Module) -> tuple[Any, Any]:
+    """(graphdef, params): params the model's `nnx.Param` state, or `Adapted` when it has
+    adapters (`CausalLM.lora`)."""
+    if getattr(model, "lora", None) is None:
+        return nnx.split(model, nnx.Param)
+    graphdef, train, frozen = nnx.split(model, nnx.LoRAParam, nnx.Param)
+    return graphdef, Adapted(train, frozen)
+
+
+def merge_params(graphdef, params) -> nnx.Module:
+    """The model of `split_params`' (graphdef, params)."""
+    if isinstance(params, Adapted):
+        return nnx.merge(graphdef, params.train, params.frozen)
+    return nnx.merge(graphdef, params)
+
+
+def trainable(params):
+    """What trains (and what the optimizer and a checkpoint hold): the adapters of an `Adapted`,
+    else every parameter."""
+    return params.train if isinstance(params, Adapted) else params
+
+
+def with_trainable(params, train):
+    """`params` with its trainable part replaced by `train`."""
+    return params.replace(train=train) if isinstance(params, Adapted) else train
+
+
+def adapters_off(params):
+    """The base model's parameters in the same tree (the KL reference of a LoRA run): an
+    `Adapted` whose adapters' B are zero, sharing the frozen arrays (no copy of the base); a
+    plain state is copied (it trains in place, the reference must not)."""
+    if not isinstance(params, Adapted):
+        return jax.tree.map(jnp.copy, params)
+    off = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.zeros_like(x) if _leaf_name(path) == "lora_b" else jnp.copy(x),
+        params.train)
+    return params.replace(train=off)
+
+
+def _leaf_name(path) -> str:
+    names = [str(getattr(k, "key", getattr(k, "name", ""))) for k in path]
+    names = [n for n in names if n and n != "value"]
+    return names[-1] if names else ""
+
+
+def folder_fingerprint(folder: str, sample: int = 1 << 16, samples: int = 4) -> str:
+    """A fingerprint of a model folder that reads no weight whole: sha256 over config.json and,
+    per *.safetensors file (sorted), its size, its header and `samples` blocks of `sample` bytes
+    spread evenly over it. Two folders of the same architecture with other weights differ in
+    every block; a copy of the folder elsewhere fingerprints the same."""
+    h = hashlib.sha256()
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors") or n == "config.json")
+    for name in names:
+        path = os.path.join(folder, name)
+        size = os.path.getsize(path)
+        h.update(f"{name}:{size}".encode())
+        with open(path, "rb") as f:
+            if name == "config.json":
+                h.update(f.read())
+                continue
+            header = int.from_bytes(f.read(8), "little")
+            h.update(f.read(min(header, 1 << 24)))
+            for i in range(samples):
+                f.seek(max(0, (size - sample) * i // max(1, samples - 1)))
+                h.update(f.read(sample))
+    return h.hexdigest()

@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from hgpo_jax.distributed import local_rows, max_over_processes
 from hgpo_jax.models.decoder import KVCache, cast_to_compute, relayout_layers, resolve_attention
 from hgpo_jax.models.gpu_attention import ragged_slots
+from hgpo_jax.models.lora import merge_params
 from hgpo_jax.models.xla_options import compiler_options
 from hgpo_jax.models.sharding import BATCH_AXES, fit_spec, rows_sharding
 from hgpo_jax.rl.batching import bucket
@@ -826,7 +827,8 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
     "prefill_attention": the prefill path, "cache_dtype", "cache_bytes": the KV cache's bytes on
     one device (P + N slots), "prefill", "decode": the compiled executables}.
     """
-    model = nnx.merge(graphdef, abs_params)
+    model = merge_params(graphdef, abs_params)  # a LoRA run's adapters and base: one state
+    graphdef, abs_params = nnx.split(model)
     dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
     B, Pn, N = batch_bucket(rows, dp), prompt_bucket(prompt_slots), new_tokens_bucket(max_new_tokens)
     static = _Static(max_new=N, greedy=False, top_k=0, use_top_p=False,

@@ -4,7 +4,10 @@ one optimizer update over fixed micro-batches or over token-budget micro-batches
 The losses that plug into it live with their trainers (`rl.ppo`, `rl.critic`, `trainers.sft`).
 
 Parameters travel as an `nnx.State` pytree (`params`) beside a static `graphdef`, so every function
-here is a plain `jax.jit` with explicit shardings (the pjit style):
+here is a plain `jax.jit` with explicit shardings (the pjit style). A model with LoRA adapters
+travels as `models.lora.Adapted` (its adapters, which train, and its frozen base): gradients, the
+optimizer state and its updates cover the adapters only (`trainable(params)`), the base only
+flows through the forward.
 
     logprob_fn = make_logprob_fn(graphdef, mesh, param_shardings)
     logp = logprob_fn(params, input_ids, attention_mask, response_mask)  # [S, L]
@@ -35,6 +38,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hgpo_jax import distributed as dist
+from hgpo_jax.models.lora import Adapted, merge_params, trainable, with_trainable
 from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
 from hgpo_jax.rl.batching import MicroBatch, take_micro, token_budget_micro_batches
 from hgpo_jax.rl.loss import entropy_from_logits
@@ -100,7 +104,9 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: nnx.State, mes
 
 
 def init_opt_state(tx: optax.GradientTransformation, params: nnx.State, mesh: Mesh | None = None):
-    """(optimizer state, its shardings); shardings are None without a mesh."""
+    """(optimizer state, its shardings) of what trains (`trainable(params)`: the adapters of an
+    `Adapted`); shardings are None without a mesh."""
+    params = trainable(params)
     if mesh is None:
         return jax.jit(tx.init)(params), None
     shardings = opt_state_shardings(tx, params, mesh)
@@ -238,7 +244,7 @@ def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: 
         w, chunk = window, LOGPROB_CHUNK
         if token_budget:
             w, chunk = budget_window_chunk(*input_ids.shape, window, token_budget, shards)
-        return token_logprobs(nnx.merge(graphdef, params), input_ids, attention_mask, chunk,
+        return token_logprobs(merge_params(graphdef, params), input_ids, attention_mask, chunk,
                               response_mask=response_mask, window=w, temperature=temperature)
 
     if mesh is None:
@@ -248,6 +254,15 @@ def make_logprob_fn(graphdef, mesh: Mesh | None = None, shardings=None, window: 
 
 
 # --------------------------------------------------------------------------- the update
+def _parts(params) -> tuple:
+    """(what trains, the frozen base or None)."""
+    return (params.train, params.frozen) if isinstance(params, Adapted) else (params, None)
+
+
+def _joined(train, frozen):
+    return train if frozen is None else Adapted(train, frozen)
+
+
 def make_optimizer(lr: float, *, weight_decay: float = 0.01, max_grad_norm: float = 1.0,
                    warmup_steps: int = 0, schedule: str = "constant", total_steps: int = 1,
                    b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
@@ -303,12 +318,12 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
     unchanged) and reports `train/skipped_nonfinite` = 1. Metrics: `train/<metric>` (averaged
     over micro-batches), `train/loss`, `train/grad_norm`.
     """
-    def loss_of_params(params, micro):
-        return micro_loss(nnx.merge(graphdef, params), micro)
+    def loss_of_params(train, frozen, micro):
+        return micro_loss(merge_params(graphdef, _joined(train, frozen)), micro)
 
-    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)  # of what trains only
 
-    def step(params, opt_state, mb):
+    def step(train, opt_state, mb, frozen):
         # micro-batch j = rows j, j + num_micro, j + 2 num_micro, ...: every micro-batch is
         # spread over all batch shards (a contiguous split would put whole micro-batches on one
         # shard, and XLA would then run each micro-batch unsharded on every device)
@@ -318,25 +333,47 @@ def make_update_step(graphdef, tx: optax.GradientTransformation, micro_loss, num
         def body(acc, micro):
             # tie the weights to this micro-batch so XLA cannot hoist per-layer work on them (the
             # FSDP all-gathers) out of the loop, which would keep whole gathered copies alive
-            p, micro = jax.lax.optimization_barrier((params, micro))
-            (loss, metrics), grads = grad_fn(p, micro)
+            p, fp, micro = jax.lax.optimization_barrier((train, frozen, micro))
+            (loss, metrics), grads = grad_fn(p, fp, micro)
             acc_grads, acc_loss, acc_metrics = acc
             return (jax.tree.map(jnp.add, acc_grads, grads), acc_loss + loss,
                     jax.tree.map(jnp.add, acc_metrics, metrics)), None
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        _, metric_shape = jax.eval_shape(loss_of_params, params, jax.tree.map(lambda x: x[0], micros))
+        zeros = jax.tree.map(jnp.zeros_like, train)
+        _, metric_shape = jax.eval_shape(loss_of_params, train, frozen,
+                                         jax.tree.map(lambda x: x[0], micros))
         zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shape)
         (grads, loss, metrics), _ = jax.lax.scan(body, (zeros, 0.0, zero_metrics), micros)
         grads = jax.tree.map(lambda g: g / num_micro, grads)
         loss = loss / num_micro
         metrics = jax.tree.map(lambda m: m / num_micro, metrics)
-        return apply_gradients(tx, params, opt_state, grads, loss, metrics)
+        return apply_gradients(tx, train, opt_state, grads, loss, metrics)
 
     if mesh is None:
-        return jax.jit(step, donate_argnums=(0, 1))
-    return jax.jit(step, in_shardings=(shardings, opt_shardings, batch_shardings(mesh, batch_spec)),
-                   out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+        return SplitStep(jax.jit(step, donate_argnums=(0, 1)))
+    train_sh, frozen_sh = _parts(shardings)
+    return SplitStep(jax.jit(
+        step, in_shardings=(train_sh, opt_shardings, batch_shardings(mesh, batch_spec), frozen_sh),
+        out_shardings=(train_sh, opt_shardings, None), donate_argnums=(0, 1)))
+
+
+class SplitStep:
+    """`step(params, opt_state, batch) -> (params, opt_state, metrics)` over a jitted
+    `fn(train, opt_state, batch, frozen) -> (train, opt_state, metrics)`: what trains and its
+    optimizer state are donated, a LoRA run's frozen base never is (the KL reference shares
+    it). `lower` as a jit's, for the plan."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, params, opt_state, batch):
+        train, frozen = _parts(params)
+        new_train, new_opt, metrics = self.fn(train, opt_state, batch, frozen)
+        return with_trainable(params, new_train), new_opt, metrics
+
+    def lower(self, params, opt_state, batch):
+        train, frozen = _parts(params)
+        return self.fn.lower(train, opt_state, batch, frozen)
 
 
 class BudgetStep(NamedTuple):
@@ -361,43 +398,45 @@ def make_budget_update(graphdef, tx: optax.GradientTransformation, micro_loss,
     batch_spec: the micro-batches' fields and ranks (`<class>.spec(...)` of one row; any rows and
     length run).
     Without a mesh, plain jits."""
-    def loss_of_params(params, micro):
-        return micro_loss(nnx.merge(graphdef, params), micro)
+    def loss_of_params(train, frozen, micro):
+        return micro_loss(merge_params(graphdef, _joined(train, frozen)), micro)
 
-    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)  # of what trains only
     metric_keys = []  # found by tracing the loss once, on the first init
 
     def accumulate(params, acc, micro):
-        (loss, metrics), grads = grad_fn(params, micro)
+        (loss, metrics), grads = grad_fn(*_parts(params), micro)
         return jax.tree.map(jnp.add, acc, (grads, loss, metrics))
 
-    def apply(params, opt_state, acc):
-        return apply_gradients(tx, params, opt_state, *acc)
+    def apply(train, opt_state, acc, frozen):  # frozen: SplitStep's signature
+        return apply_gradients(tx, train, opt_state, *acc)
 
     def zeros(params):
-        return (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+        return (jax.tree.map(jnp.zeros_like, trainable(params)), jnp.zeros((), jnp.float32),
                 {k: jnp.zeros((), jnp.float32) for k in metric_keys})
 
     if mesh is None:
         jit_zeros = jax.jit(zeros)
         jit_acc = jax.jit(accumulate, donate_argnums=(1,))
-        jit_apply = jax.jit(apply, donate_argnums=(0, 1))
+        jit_apply = SplitStep(jax.jit(apply, donate_argnums=(0, 1)))
     else:
         rep = NamedSharding(mesh, P())
         mb = batch_shardings(mesh, batch_spec)
-        acc_sh = (shardings, rep, rep)
+        acc_sh = (trainable(shardings), rep, rep)
         jit_zeros = jax.jit(zeros, in_shardings=(shardings,), out_shardings=acc_sh)
         jit_acc = jax.jit(accumulate, in_shardings=(shardings, acc_sh, mb), out_shardings=acc_sh,
                           donate_argnums=(1,))
-        jit_apply = jax.jit(apply, in_shardings=(shardings, opt_shardings, acc_sh),
-                            out_shardings=(shardings, opt_shardings, None), donate_argnums=(0, 1))
+        train_sh, frozen_sh = _parts(shardings)
+        jit_apply = SplitStep(jax.jit(apply, in_shardings=(train_sh, opt_shardings, acc_sh, frozen_sh),
+                                      out_shardings=(train_sh, opt_shardings, None),
+                                      donate_argnums=(0, 1)))
 
     def init(params):
         if not metric_keys:
             rows = batch_shards(mesh)  # a micro-batch of one row per device, of the spec's length
             micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype),
                                  batch_spec)
-            _, metric_shape = jax.eval_shape(loss_of_params, params, micro)
+            _, metric_shape = jax.eval_shape(loss_of_params, *_parts(params), micro)
             metric_keys.extend(sorted(metric_shape))
         return jit_zeros(params)
 

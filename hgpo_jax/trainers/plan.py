@@ -27,13 +27,14 @@ from flax import nnx
 from hgpo_jax.models import CausalLM, DecoderConfig, RopeScaling, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.decoder import resolve_attention
+from hgpo_jax.models.lora import split_params, trainable
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.algorithms import StatePlan, build_algorithm
 from hgpo_jax.rl.batching import PolicyRows, budget_ladder, largest_micro_batches
 from hgpo_jax.rl.update import (batch_shardings, batch_shards, opt_state_shardings,
                                param_shardings)
-from hgpo_jax.runs import build_optimizer
+from hgpo_jax.runs import build_optimizer, lora_spec
 from hgpo_jax.trainers.memory import memory_keys, memory_line, run_peak
 
 # Shapes of the released checkpoints (their config.json), for planning without the weights.
@@ -156,15 +157,18 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     t, r = cfg.train, cfg.rollout
     attention, attention_label = plan_attention(cfg, model_cfg, target)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: CausalLM(
+    spec = lora_spec(cfg.model)
+    graphdef, params = split_params(nnx.eval_shape(lambda: CausalLM(
         model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
         rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=mesh, scan_layers=cfg.model.scan_layers,
-        attention=attention)), nnx.Param)
+        attention=attention, lora=spec)))
     shardings = param_shardings(mesh, params)
     abs_params = _abstract(params, shardings)
     tx = build_optimizer(cfg)
-    opt_shardings = opt_state_shardings(tx, params, mesh)
-    abs_opt = _abstract(jax.eval_shape(tx.init, params), opt_shardings)
+    opt_shardings = opt_state_shardings(tx, trainable(params), mesh)
+    abs_opt = _abstract(jax.eval_shape(tx.init, trainable(params)), opt_shardings)
+    # the KL reference: a copy of the weights, or (LoRA) the same base with the adapters' B zero
+    abs_ref = trainable(abs_params) if spec is not None else abs_params
     L = r.max_prompt_tokens + r.max_new_tokens
     M = t.mini_batch_size
     algorithm = build_algorithm(cfg, mesh, M // t.micro_batch_size)  # its state is never built
@@ -179,8 +183,13 @@ def plan(cfg, target: str | None = None, sampler: bool = False) -> dict:
         "seq_len": L, "mini_batch": M, "micro_batch": t.micro_batch_size, "remat": t.remat,
         "scan_layers": cfg.model.scan_layers, "attention": attention_label,
         "params_bytes": _bytes_per_device(abs_params), "opt_bytes": _bytes_per_device(abs_opt),
-        "ref_params_bytes": _bytes_per_device(abs_params), **update,
+        "ref_params_bytes": _bytes_per_device(abs_ref), **update,
     }
+    if spec is not None:
+        out.update({"lora": {"rank": spec.rank, "alpha": spec.alpha, "targets": list(spec.targets)},
+                    "adapter_params": sum(math.prod(x.shape)
+                                          for x in jax.tree.leaves(trainable(params))),
+                    "adapter_bytes": _bytes_per_device(trainable(abs_params))})
     # Peak of the update (`plan_fixed_update`, `plan_budget_update`), plus the frozen reference
     # weights that live beside it.
     out["peak_bytes"] = out.pop("update_peak_bytes") + out["ref_params_bytes"]

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from hgpo_jax import distributed as dist
 from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
+from hgpo_jax.models.lora import adapters_off
 from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
                                     scoring_temperature)
 from hgpo_jax.rl.batching import (PolicyRows, SftRows, TokenRows, budget_ladder,
@@ -298,7 +299,7 @@ class Trainer(Run):
             num_micro = t.mini_batch_size // t.micro_batch_size
             self.algorithm = build_algorithm(cfg, self.mesh, num_micro, self.tokenizer)
             self.state = TrainState(params=self.state.params, opt_state=self.state.opt_state,
-                                    ref_params=jax.tree.map(jnp.copy, self.state.params),
+                                    ref_params=adapters_off(self.state.params),
                                     key=jax.random.PRNGKey(t.seed),
                                     algo_state=self.algorithm.init_state(self.model(), t.seed))
             self.train_step = self.algorithm.policy_step(self.graphdef, self.tx, self.mesh,

@@ -1,0 +1,156 @@
+"""Training LoRA adapters on a frozen base (`model.lora_rank`): only the adapters train and are
+checkpointed (with the base's identity), the KL reference is the base with the adapters off (no
+copy), resume continues exactly, `export --adapter` writes a PEFT folder that peft loads and plain
+`export` the merged model that transformers loads (logits equal to each other and to the run's
+policy), the base tensors stay the input folder's bit for bit, one step on 2 devices equals one,
+and the refusals."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import peft
+import pytest
+from flax import nnx
+from hf_models import hf_logits, load_hf
+
+from hgpo_jax.checkpoint import Checkpointer
+from hgpo_jax.cli import main as cli_main
+from hgpo_jax.config import load_config
+from hgpo_jax.models import load_pretrained
+from hgpo_jax.models.lora import Adapted, BASE
+from hgpo_jax.models.peft_io import AdapterError
+from hgpo_jax.trainers.rl import Trainer
+
+
+def lora_config(run_dir, *extra):
+    return load_config("tiny_cpu_toy", [f"train.run_dir={run_dir}", "env.num_workers=1",
+                                        "model.lora_rank=4", "model.lora_alpha=8", *extra])
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+def test_only_the_adapters_train_and_the_reference_is_the_base(tmp_path):
+    run = tmp_path / "run"
+    with Trainer(lora_config(run, "train.iterations=1"), progress=False) as t:
+        assert isinstance(t.state.params, Adapted)
+        base_before = host(t.state.params.frozen)
+        train_before = host(t.state.params.train)
+        assert t.state.ref_params.frozen is t.state.params.frozen  # the reference shares the base
+        t.train()
+        assert jax.tree.all(jax.tree.map(np.array_equal, base_before, host(t.state.params.frozen)))
+        moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), train_before,
+                             host(t.state.params.train))
+        assert max(jax.tree.leaves(moved)) > 0  # the adapters did train
+        # the optimizer state covers the adapters only
+        n_adapter = sum(x.size for x in jax.tree.leaves(t.state.params.train))
+        n_opt = sum(x.size for x in jax.tree.leaves(t.state.opt_state) if x.ndim)
+        assert n_opt == 2 * n_adapter  # Adam's two moments
+        policy = t.model()
+    # the checkpoint holds the adapters and their optimizer state, and the base's identity
+    ckpt = Checkpointer(str(run / "checkpoints"), read_only=True)
+    try:
+        meta, items = ckpt.latest_meta(), ckpt.items()
+        saved = ckpt.item_shapes("state")
+    finally:
+        ckpt.close()
+    source = json.loads((run / "model_source.json").read_text())["folder"]
+    # the base tensors of the run are the input folder's, bit for bit
+    ref = dict(nnx.to_flat_state(nnx.state(load_pretrained(source, scan_layers=True))))
+    for path, var in nnx.to_flat_state(nnx.state(policy, BASE)):
+        assert np.array_equal(np.asarray(var[...]), np.asarray(ref[path][...])), path
+    # exports: the adapters as a PEFT folder, the merged model; same logits as the run's policy
+    assert cli_main(["export", str(run), str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert cli_main(["export", str(run), str(tmp_path / "merged")]) == 0
+    ids = np.random.RandomState(0).randint(0, 600, (2, 12))
+    ours = np.asarray(policy(jnp.asarray(ids)))
+    with_peft = peft.PeftModel.from_pretrained(load_hf(source), str(tmp_path / "adapter")).eval()
+    for other in (with_peft, load_hf(str(tmp_path / "merged"))):
+        np.testing.assert_allclose(hf_logits(other, ids), ours, atol=2e-4)
+    assert meta["base"]["folder"] == source and len(meta["base"]["fingerprint"]) == 64
+    shapes = jax.tree.leaves(saved["params"], is_leaf=lambda x: isinstance(x, tuple) and
+                             all(isinstance(i, int) for i in x))
+    assert sum(int(np.prod(x)) for x in shapes) == n_adapter  # the adapters, no base
+    assert items == ["state"]
+
+
+def test_resume_continues_exactly_and_refuses_another_base(tmp_path):
+    with Trainer(lora_config(tmp_path / "straight", "train.iterations=2"), progress=False) as t:
+        straight = t.train()
+        final = host(t.state.params.train)
+    with Trainer(lora_config(tmp_path / "resumed", "train.iterations=1"), progress=False) as t:
+        t.train()
+    with Trainer(lora_config(tmp_path / "resumed", "train.iterations=2"), resume=True,
+                 progress=False) as t:
+        assert t.iteration == 1
+        resumed = t.train()
+        params = host(t.state.params.train)
+    for key in ("train/loss", "train/kl_loss"):
+        assert resumed[0][key] == pytest.approx(straight[1][key], rel=1e-6, abs=1e-7), key
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), final, params)
+    # another base: refused before any weight loads
+    other = tmp_path / "other"
+    source = json.loads((tmp_path / "resumed" / "model_source.json").read_text())["folder"]
+    model = load_pretrained(source)
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        var[...] = var[...] + 0.01
+    from hgpo_jax.models import save_pretrained, load_tokenizer
+
+    save_pretrained(model, other, tokenizer=load_tokenizer(source))
+    with pytest.raises(ValueError, match="adapters were trained on the base"):
+        Trainer(lora_config(tmp_path / "resumed", "train.iterations=3", f"model.path={other}"),
+                resume=True, allow_change=True, progress=False)
+
+
+def test_lora_refusals_before_the_weights_load(tmp_path):
+    with pytest.raises(ValueError, match="unknown LoRA target 'qkv'"):
+        Trainer(lora_config(tmp_path / "a", "model.lora_targets=qkv"), progress=False)
+    with pytest.raises(AdapterError, match="does not exist"):
+        Trainer(lora_config(tmp_path / "b", "model.lora_rank=0",
+                            f"model.adapter={tmp_path / 'missing'}"), progress=False)
+    with pytest.raises(ValueError, match="brings its own rank"):
+        Trainer(lora_config(tmp_path / "c", f"model.adapter={tmp_path}"), progress=False)
+    with pytest.raises(Exception, match="lora_rank"):
+        lora_config(tmp_path / "d", "model.lora_rank=-1").validate()
+
+
+def test_a_lora_step_on_two_and_eight_devices_equals_one():
+    """The adapters' update sharded (fsdp=2; data=2 x fsdp=2 x tensor=2) equals one device's,
+    and leaves the frozen base as it was."""
+    from test_ppo import CFG, minibatch, random_batch
+
+    from hgpo_jax.models import CausalLM, make_mesh
+    from hgpo_jax.models.lora import LoraSpec, split_params
+    from hgpo_jax.rl.ppo import LossConfig, make_train_step
+    from hgpo_jax.rl.update import (init_opt_state, make_logprob_fn, make_optimizer,
+                                    param_shardings, shard_params)
+
+    batch = random_batch(8)
+    results = []
+    for mesh in (None, make_mesh(fsdp=2), make_mesh(data=2, fsdp=2, tensor=2)):
+        model = CausalLM(CFG, rngs=nnx.Rngs(0), lora=LoraSpec(4, 8.0), scan_layers=True)
+        for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):  # B not zero
+            var[...] = var[...] + 0.01
+        model.batch_mesh = mesh
+        graphdef, params = split_params(model)
+        params = shard_params(params, mesh)
+        base = host(params.frozen)
+        tx = make_optimizer(1e-3)
+        shard = param_shardings(mesh, params) if mesh is not None else None
+        opt_state, opt_shard = init_opt_state(tx, params, mesh)
+        step = make_train_step(graphdef, tx, LossConfig(), 2, mesh, shard, opt_shard)
+        mb = minibatch(make_logprob_fn(graphdef, mesh, shard), params, batch)
+        for _ in range(2):
+            params, opt_state, m = step(params, opt_state, mb)
+        assert jax.tree.all(jax.tree.map(np.array_equal, base, host(params.frozen)))
+        results.append((float(m["train/loss"]), host(params.train)))
+    loss1, p1 = results[0]
+    for loss_n, p_n in results[1:]:
+        assert abs(loss1 - loss_n) <= 1e-5 * max(1.0, abs(loss1))
+        # Adam divides by the gradient's own size: an adapter weight whose gradient is ~0 may step
+        # by up to lr (1e-3) on a sign the reduction order decides; 1e-4 is a tenth of that
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5), p1, p_n)
