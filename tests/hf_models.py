@@ -98,3 +98,20 @@ def hf_logits(model, input_ids, attention_mask=None) -> np.ndarray:
 def load_hf(folder, dtype=torch.float32):
     """The causal LM in `folder`, whatever its family (transformers' Auto class)."""
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+
+
+def right_padded_batch(vocab: int, lengths, seed: int = 0):
+    """(ids int32 [R, max(lengths)], mask) of random tokens, row r real for its first lengths[r]
+    tokens, 0 after."""
+    rs = np.random.RandomState(seed)
+    ids = rs.randint(0, vocab, (len(lengths), max(lengths))).astype(np.int32)
+    mask = np.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        mask[r, :n] = 1
+        ids[r, n:] = 0
+    return ids, mask
+
+
+def real_tokens_error(ours, ref, lengths) -> float:
+    """The largest |ours - ref| over each row's real tokens (its first lengths[r])."""
+    return max(float(np.abs(np.asarray(ours)[r, :n] - ref[r, :n]).max()) for r, n in enumerate(lengths))

@@ -17,7 +17,8 @@ import torch
 import transformers
 from flax import nnx
 from hf_models import (FAMILY_SHAPES, HF_CLASSES, build_family_model, hf_class, hf_logits, load_hf,
-                       random_model)
+                       random_model, right_padded_batch)
+from hf_models import real_tokens_error as real_error
 
 from hgpo_jax.models import (CausalLM, ConfigError, DecoderConfig, family_names, get_family,
                              load_pretrained, save_pretrained)
@@ -36,17 +37,11 @@ def family_dir(request, tmp_path_factory):
 
 
 def right_padded(vocab: int, seed: int = 0):
-    rs = np.random.RandomState(seed)
-    ids = rs.randint(0, vocab, (len(LENGTHS), max(LENGTHS))).astype(np.int32)
-    mask = np.zeros_like(ids)
-    for r, n in enumerate(LENGTHS):
-        mask[r, :n] = 1
-        ids[r, n:] = 0
-    return ids, mask
+    return right_padded_batch(vocab, LENGTHS, seed)
 
 
 def real_tokens_error(ours, ref) -> float:
-    return max(float(np.abs(np.asarray(ours)[r, :n] - ref[r, :n]).max()) for r, n in enumerate(LENGTHS))
+    return real_error(ours, ref, LENGTHS)
 
 
 def test_logits_match_transformers_scanned_unrolled_and_fused(family_dir):

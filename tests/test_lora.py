@@ -14,7 +14,8 @@ import peft
 import pytest
 import torch
 from flax import nnx
-from hf_models import build_family_model, build_hf_model, hf_logits, load_hf, TINY_SHAPES
+from hf_models import (TINY_SHAPES, build_family_model, build_hf_model, hf_logits, load_hf,
+                       real_tokens_error, right_padded_batch)
 
 from hgpo_jax.models import CausalLM, load_pretrained, save_pretrained
 from hgpo_jax.models.hf_io import save_adapter
@@ -37,17 +38,11 @@ CASES = {
 
 
 def right_padded(vocab: int, seed: int = 0):
-    rs = np.random.RandomState(seed)
-    ids = rs.randint(0, vocab, (len(LENGTHS), max(LENGTHS))).astype(np.int32)
-    mask = np.zeros_like(ids)
-    for r, n in enumerate(LENGTHS):
-        mask[r, :n] = 1
-        ids[r, n:] = 0
-    return ids, mask
+    return right_padded_batch(vocab, LENGTHS, seed)
 
 
 def real_error(ours, ref) -> float:
-    return max(float(np.abs(np.asarray(ours)[r, :n] - ref[r, :n]).max()) for r, n in enumerate(LENGTHS))
+    return real_tokens_error(ours, ref, LENGTHS)
 
 
 def build_base(name: str, folder: str):

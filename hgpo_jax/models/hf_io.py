@@ -24,7 +24,7 @@ from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.decoder import CriticModel, CausalLM, check_num_heads, new_value_head
 from hgpo_jax.models.lora import LEAVES, LoraSpec, is_adapter_path, new_adapter_value
 from hgpo_jax.models import peft_io
-from hgpo_jax.models.safetensors_io import CheckpointReader, write_safetensors
+from hgpo_jax.models.safetensors_io import CheckpointReader, output_folder, write_safetensors
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
@@ -274,12 +274,7 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
     cast): a plain model of its family (`save_adapter` writes the adapters alone).
     Returns the output folder.
     """
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    if os.path.isfile(out_dir):
-        raise FileExistsError(f"{out_dir} is a file; give a folder path")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True to "
-                              "replace it")
+    out_dir = output_folder(out_dir, overwrite)
     np_dtype = np.dtype(resolve_dtype(dtype) if dtype else model.param_dtype)
     limit = _parse_size(max_shard_size)
     if limit <= 0:

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from hgpo_jax.models.lora import ALL_LINEAR, TARGETS, LoraSpec
+from hgpo_jax.models.safetensors_io import output_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -158,12 +159,7 @@ def save_adapter(tensors: dict[str, np.ndarray], spec: LoraSpec, out_dir: str | 
     """Write a PEFT folder: adapter_config.json and adapter_model.safetensors (`tensors`: PEFT
     name -> array in PEFT's layout) into `out_dir`, all or nothing (a temporary sibling renamed
     into place). A non-empty `out_dir` needs overwrite=True."""
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    if os.path.isfile(out_dir):
-        raise FileExistsError(f"{out_dir} is a file; give a folder path")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True "
-                              "(--overwrite) to replace it")
+    out_dir = output_folder(out_dir, overwrite)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")

@@ -197,3 +197,16 @@ class CheckpointReader:
 
     def get(self, name: str) -> np.ndarray:
         return self._file(name).get(name)
+
+
+def output_folder(out_dir: str | os.PathLike, overwrite: bool) -> str:
+    """The absolute path of an export folder (weights, adapters) checked before anything is
+    written: not a file, and new, empty, or `overwrite` (then replaced as a whole once the
+    export is complete)."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    if os.path.isfile(out_dir):
+        raise FileExistsError(f"{out_dir} is a file; give a folder path")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True "
+                              "(--overwrite) to replace it")
+    return out_dir
