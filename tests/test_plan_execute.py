@@ -192,10 +192,10 @@ NOW RESPOND IN THIS EXACT FORMAT (no extra text):
 
 
 def test_templates_are_the_authors_byte_for_byte():
-    assert prompts.ALFWORLD_TEMPLATE_OPTIONS_NO_HIS == ALFWORLD_NO_HIS
-    assert prompts.ALFWORLD_TEMPLATE_OPTIONS == ALFWORLD_HIS
-    assert prompts.WEBSHOP_TEMPLATE_OPTIONS_NO_HIS == WEBSHOP_NO_HIS
-    assert prompts.WEBSHOP_TEMPLATE_OPTIONS == WEBSHOP_HIS
+    assert prompts.ALFWORLD_PLAN_NO_HISTORY == ALFWORLD_NO_HIS
+    assert prompts.ALFWORLD_PLAN_WITH_HISTORY == ALFWORLD_HIS
+    assert prompts.WEBSHOP_PLAN_NO_HISTORY == WEBSHOP_NO_HIS
+    assert prompts.WEBSHOP_PLAN_WITH_HISTORY == WEBSHOP_HIS
     for t in (ALFWORLD_NO_HIS, ALFWORLD_HIS, WEBSHOP_NO_HIS, WEBSHOP_HIS):
         assert t.startswith("\nYou are an expert ") and t.endswith("action</action>\n")
     assert WEBSHOP_HIS.count("e\u2011commerce") == WEBSHOP_NO_HIS.count("e\u2011commerce") == 1
@@ -205,9 +205,9 @@ def test_templates_are_the_authors_byte_for_byte():
 
 def test_toy_templates_swap_only_the_first_sentence():
     intro = "You are an expert agent operating in the ALFRED Embodied Environment."
-    assert prompts.TOY_TEMPLATE_OPTIONS_NO_HIS == ALFWORLD_NO_HIS.replace(intro, TOY_INTRO)
-    assert prompts.TOY_TEMPLATE_OPTIONS == ALFWORLD_HIS.replace(intro, TOY_INTRO)
-    assert "ALFRED" not in prompts.TOY_TEMPLATE_OPTIONS + prompts.TOY_TEMPLATE_OPTIONS_NO_HIS
+    assert prompts.TOY_PLAN_NO_HISTORY == ALFWORLD_NO_HIS.replace(intro, TOY_INTRO)
+    assert prompts.TOY_PLAN_WITH_HISTORY == ALFWORLD_HIS.replace(intro, TOY_INTRO)
+    assert "ALFRED" not in prompts.TOY_PLAN_WITH_HISTORY + prompts.TOY_PLAN_NO_HISTORY
 
 
 # ------------------------------------------------------------------------------------ prompts
@@ -359,7 +359,7 @@ def test_webshop_prompt_placeholders_and_the_13000_character_fallback():
 def test_toy_prompts():
     agent = get_agent("plan-execute", "toy")
     first = agent.prompt(TASK, "You are in a room with a red button.", ["press red button"], [], 2)
-    assert first == prompts.TOY_TEMPLATE_OPTIONS_NO_HIS.format(
+    assert first == prompts.TOY_PLAN_NO_HISTORY.format(
         current_observation="You are in a room with a red button.", current_subgoal="None",
         admissible_actions="'press red button'")
     later = agent.prompt(TASK, "o2", ["look", "help"], [Turn("o1", "press red button", "go")], 2)

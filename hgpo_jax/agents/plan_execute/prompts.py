@@ -1,13 +1,13 @@
-"""HiPER's plan-execute prompts (the authors' `*_TEMPLATE_OPTIONS*` templates, byte for byte)
-and how their placeholders are filled.
+"""HiPER's plan-execute prompts (the text of the authors' templates, byte for byte, under the
+project's own names) and how their placeholders are filled.
 
 Four templates, each a string that begins with one "\\n" and ends with "\\n":
 
 | env | first turn (`current_subgoal` "None") | later turns |
 |---|---|---|
-| alfworld | ALFWORLD_TEMPLATE_OPTIONS_NO_HIS | ALFWORLD_TEMPLATE_OPTIONS |
-| toy, toy-history | TOY_TEMPLATE_OPTIONS_NO_HIS | TOY_TEMPLATE_OPTIONS |
-| webshop | WEBSHOP_TEMPLATE_OPTIONS_NO_HIS | WEBSHOP_TEMPLATE_OPTIONS |
+| alfworld | ALFWORLD_PLAN_NO_HISTORY | ALFWORLD_PLAN_WITH_HISTORY |
+| toy, toy-history | TOY_PLAN_NO_HISTORY | TOY_PLAN_WITH_HISTORY |
+| webshop | WEBSHOP_PLAN_NO_HISTORY | WEBSHOP_PLAN_WITH_HISTORY |
 
 The toy envs' templates are ALFWorld's with the first sentence (ALFWORLD_INTRO) replaced by the
 toy's (TOY_INTRO), as the toy's verl-agent prompt does: the sentence is the templates' only
@@ -70,7 +70,7 @@ _ACTION_RULE_AND_FORMAT = (
     "<subgoal>the sub-goal you will follow next</subgoal>\n"
     "<action>EXACTLY one ADMISSIBLE action</action>\n")
 # the rules of the first-turn templates ...
-_RULES_NO_HIS = (
+_RULES_NO_HISTORY = (
     _THREE_BLOCKS
     + "NO other text, comments, or reasoning is allowed before, after, or between these blocks.\n"
     "\n"
@@ -80,7 +80,7 @@ _RULES_NO_HIS = (
     "actions.\n"
     + _ACTION_RULE_AND_FORMAT)
 # ... and those of the templates with history
-_RULES_HIS = (
+_RULES_WITH_HISTORY = (
     _THREE_BLOCKS
     + "NO other text, comments, or reasoning is permitted anywhere in the output.\n"
     "\n"
@@ -90,7 +90,7 @@ _RULES_HIS = (
     "entire task.\n"
     + _ACTION_RULE_AND_FORMAT)
 
-ALFWORLD_TEMPLATE_OPTIONS_NO_HIS = (
+ALFWORLD_PLAN_NO_HISTORY = (
     "\n"
     + ALFWORLD_INTRO + "\n"
     "\n"
@@ -105,8 +105,8 @@ ALFWORLD_TEMPLATE_OPTIONS_NO_HIS = (
     "Your admissible actions are:\n"
     "[{admissible_actions}]\n"
     "\n"
-    + _RULES_NO_HIS)
-ALFWORLD_TEMPLATE_OPTIONS = (
+    + _RULES_NO_HISTORY)
+ALFWORLD_PLAN_WITH_HISTORY = (
     "\n"
     + ALFWORLD_INTRO + "\n"
     "Your overall task is: {task_description}\n"
@@ -125,7 +125,7 @@ ALFWORLD_TEMPLATE_OPTIONS = (
     "Your admissible actions are:\n"
     "[{admissible_actions}]\n"
     "\n"
-    + _RULES_HIS)
+    + _RULES_WITH_HISTORY)
 
 _WEBSHOP_INTRO = (
     "\n"
@@ -141,13 +141,13 @@ _WEBSHOP_SUBGOAL_AND_ACTIONS = (
     "{available_actions}\n"
     "].\n"
     "\n")
-WEBSHOP_TEMPLATE_OPTIONS_NO_HIS = (
+WEBSHOP_PLAN_NO_HISTORY = (
     _WEBSHOP_INTRO
     + "Your current observation is: {current_observation}.\n"
     "\n"
     + _WEBSHOP_SUBGOAL_AND_ACTIONS
-    + _RULES_NO_HIS)
-WEBSHOP_TEMPLATE_OPTIONS = (
+    + _RULES_NO_HISTORY)
+WEBSHOP_PLAN_WITH_HISTORY = (
     _WEBSHOP_INTRO
     + "You have already taken {step_count} step(s). Below are the most recent {history_length} "
     "observations and the corresponding actions you took: {action_history}\n"
@@ -155,7 +155,7 @@ WEBSHOP_TEMPLATE_OPTIONS = (
     "{current_observation}.\n"
     "\n"
     + _WEBSHOP_SUBGOAL_AND_ACTIONS
-    + _RULES_HIS)
+    + _RULES_WITH_HISTORY)
 
 
 def _with_intro(template: str, intro: str) -> str:
@@ -166,8 +166,8 @@ def _with_intro(template: str, intro: str) -> str:
     return template.replace(ALFWORLD_INTRO, intro)
 
 
-TOY_TEMPLATE_OPTIONS_NO_HIS = _with_intro(ALFWORLD_TEMPLATE_OPTIONS_NO_HIS, TOY_INTRO)
-TOY_TEMPLATE_OPTIONS = _with_intro(ALFWORLD_TEMPLATE_OPTIONS, TOY_INTRO)
+TOY_PLAN_NO_HISTORY = _with_intro(ALFWORLD_PLAN_NO_HISTORY, TOY_INTRO)
+TOY_PLAN_WITH_HISTORY = _with_intro(ALFWORLD_PLAN_WITH_HISTORY, TOY_INTRO)
 
 
 def current_subgoal(history: Sequence[Turn]) -> str:
@@ -177,8 +177,8 @@ def current_subgoal(history: Sequence[Turn]) -> str:
 
 def build_alfworld_prompt(task: str, observation: str, admissible_actions: Sequence[str],
                           history: Sequence[Turn] = (), memory_len: int = 2, *,
-                          templates: tuple[str, str] = (ALFWORLD_TEMPLATE_OPTIONS_NO_HIS,
-                                                        ALFWORLD_TEMPLATE_OPTIONS)) -> str:
+                          templates: tuple[str, str] = (ALFWORLD_PLAN_NO_HISTORY,
+                                                        ALFWORLD_PLAN_WITH_HISTORY)) -> str:
     """The user message of one ALFWorld step; `templates`: (first turn, with history), ALFWorld's
     unless given (the toy envs pass theirs). task: shown by the template with history only (on
     the first turn it is part of ALFWorld's observation); history: every past turn."""
@@ -199,7 +199,7 @@ def build_toy_prompt(task: str, observation: str, admissible_actions: Sequence[s
                      history: Sequence[Turn] = (), memory_len: int = 2) -> str:
     """`build_alfworld_prompt` with the toy's templates (first sentence TOY_INTRO)."""
     return build_alfworld_prompt(task, observation, admissible_actions, history, memory_len,
-                                 templates=(TOY_TEMPLATE_OPTIONS_NO_HIS, TOY_TEMPLATE_OPTIONS))
+                                 templates=(TOY_PLAN_NO_HISTORY, TOY_PLAN_WITH_HISTORY))
 
 
 def build_webshop_prompt(task: str, observation: str, admissible_actions: Sequence[str],
@@ -210,18 +210,18 @@ def build_webshop_prompt(task: str, observation: str, admissible_actions: Sequen
     actions = "\n".join(f"'{a}'," for a in admissible_actions)
     current = format_observation(observation, task)
     if not history or memory_len == 0:
-        return WEBSHOP_TEMPLATE_OPTIONS_NO_HIS.format(
+        return WEBSHOP_PLAN_NO_HISTORY.format(
             task_description=task, current_observation=current, current_subgoal=FIRST_SUBGOAL,
             available_actions=actions)
     subgoal = current_subgoal(history)
     shown = [Turn(format_observation(t.observation, task), t.action) for t in history]
     memory, valid = format_memory(shown, memory_len)
-    prompt = WEBSHOP_TEMPLATE_OPTIONS.format(
+    prompt = WEBSHOP_PLAN_WITH_HISTORY.format(
         task_description=task, step_count=len(history), history_length=valid,
         action_history=memory, current_step=len(history) + 1, current_observation=current,
         current_subgoal=subgoal, available_actions=actions)
     if len(prompt) > MAX_PROMPT_CHARS:
-        return WEBSHOP_TEMPLATE_OPTIONS_NO_HIS.format(
+        return WEBSHOP_PLAN_NO_HISTORY.format(
             task_description=task, current_observation=current, current_subgoal=subgoal,
             available_actions=actions)
     return prompt
