@@ -85,12 +85,17 @@ class Study:
 
 
 # ----------------------------------------------------------------------------------- state
+def read_kept(out: str, name: str):
+    """OUT/<name> read as JSON (what a stage kept, e.g. the experts' scores); None when absent."""
+    path = os.path.join(out, name)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def load_state(out: str) -> dict:
-    path = os.path.join(out, "state.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    return {"done": {}, "commands": []}
+    return read_kept(out, "state.json") or {"done": {}, "commands": []}
 
 
 def save_state(out: str, state: dict) -> None:

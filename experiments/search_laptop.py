@@ -236,10 +236,8 @@ def plot_heldout(arms: dict, path: str) -> None:
 def stage_report(args, state: dict) -> dict:
     """The tables and the plots, from what OUT keeps (no run folder needed)."""
     rows = {}
-    experts_path = os.path.join(args.out, EXPERTS)
-    if os.path.isfile(experts_path):
-        with open(experts_path, encoding="utf-8") as f:
-            experts = json.load(f)
+    experts = laptop.read_kept(args.out, EXPERTS)
+    if experts is not None:
         rows["expert (scripted)"] = [experts["expert"]["test"]]
         rows["random policy (the warm start's data)"] = [experts["random"]["test"]]
     arms = arm_results(args)

@@ -165,10 +165,8 @@ def table1_lines(rows: dict[str, list[dict]]) -> list[str]:
 def stage_report(args, state: dict) -> dict:
     """The tables and the plot, from what OUT keeps (no run folder needed)."""
     rows = {}
-    experts_path = os.path.join(args.out, EXPERTS)
-    if os.path.isfile(experts_path):
-        with open(experts_path, encoding="utf-8") as f:
-            experts = json.load(f)
+    experts = laptop.read_kept(args.out, EXPERTS)
+    if experts is not None:
         rows["instruction shopper (the SFT's expert)"] = [experts["test"]]
         if "first" in experts:
             rows["first-result shopper (the third SFT round's expert)"] = [experts["first"]["test"]]
