@@ -7,7 +7,8 @@ real ALFWorld rollout shapes. A benchmark: nothing asserted.
     python experiments/bench_token_budget.py --budgets 0,2176,4352,8704
 
 --collect N runs N rollout iterations of experiments/configs/alfworld_laptop_rl.yaml (16 episodes
-of at most 50 steps each, temperature 0.4) from docs/results/alfworld_laptop/warm_start on the
+of at most 50 steps each, temperature 0.4) from docs/results/alfworld_laptop/warm_start (rebuilt
+by `python experiments/alfworld_laptop.py --stage sft`: weights are not kept in git) on the
 train split and writes every row's prompt and response length to LENGTHS (JSON).
 
 The timing pass replays each recorded iteration's rows as the trainer does: pack to [S, L], the
@@ -254,6 +255,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     args.argv = argv
+    if not os.path.isfile(os.path.join(WARM_START, "config.json")):
+        raise SystemExit(f"no warm start in {WARM_START}: its weights are not kept in git; rebuild "
+                         "them with `python experiments/alfworld_laptop.py --stage sft`")
     if args.collect:
         collect(args.collect, args.lengths, args.seed)
         return 0
