@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 import warnings
 
 import jax
@@ -24,7 +22,8 @@ from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.decoder import CriticModel, CausalLM, check_num_heads, new_value_head
 from hgpo_jax.models.lora import LEAVES, LoraSpec, is_adapter_path, new_adapter_value
 from hgpo_jax.models import peft_io
-from hgpo_jax.models.safetensors_io import CheckpointReader, output_folder, write_safetensors
+from hgpo_jax.models.safetensors_io import (CheckpointReader, output_folder, staged_folder,
+                                            write_safetensors)
 from hgpo_jax.models.sharding import is_stacked_path, param_sharding
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
@@ -181,7 +180,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                 one = var.shape[1:] if is_stacked(fpath) else var.shape
                 for name in adapter_tensor_names(fpath, config.num_hidden_layers):
                     expected[name] = tuple(one[::-1])
-        peft_io.check_adapter_tensors(adapter, expected)
+        adapter_file = peft_io.open_adapter_tensors(adapter, expected)
 
     loaded, used = [], set()
     for fpath, var in tqdm(list(flat), desc="load weights", unit="tensor", disable=not progress):
@@ -189,7 +188,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
             if adapter is None:
                 host = new_adapter_value(_dotted(fpath), var.shape, np.float32, lora_seed)
             else:
-                parts = [np.ascontiguousarray(peft_io.read_adapter_tensor(adapter, n).T.astype(np.float32))
+                parts = [np.ascontiguousarray(adapter_file.get(n).T.astype(np.float32))
                          for n in adapter_tensor_names(fpath, config.num_hidden_layers)]
                 host = np.stack(parts) if is_stacked(fpath) else parts[0]
             value = (jax.device_put(host) if mesh is None else
@@ -332,11 +331,7 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
             arr = gathered["arr"][layer]
         return (arr.T if transpose else arr).astype(np_dtype)
 
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
-    try:
+    with staged_folder(out_dir) as tmp:
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
         total = 0
@@ -354,10 +349,6 @@ def save_pretrained(model: CausalLM, out_dir: str | os.PathLike, *, dtype: str |
             json.dump(hf_config, f, indent=2)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -389,18 +380,3 @@ def critic_hf_config(hf_config: dict, num_heads: int, architecture: str) -> dict
     return {**hf_config, "architectures": [architecture], "num_labels": num_heads,
             "id2label": {str(h): name for h, name in enumerate(labels)},
             "label2id": {name: h for h, name in enumerate(labels)}}
-
-
-def _replace_dir(src: str, dst: str) -> None:
-    """Move folder `src` to `dst`, replacing an existing `dst` only once `src` is complete."""
-    if not os.path.exists(dst):
-        os.rename(src, dst)
-        return
-    old = f"{dst}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(dst, old)
-    try:
-        os.rename(src, dst)
-    except BaseException:
-        os.rename(old, dst)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -17,15 +17,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import uuid
 
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from hgpo_jax.models.lora import ALL_LINEAR, TARGETS, LoraSpec
-from hgpo_jax.models.safetensors_io import output_folder
+from hgpo_jax.models.safetensors_io import (SafetensorsError, SafetensorsFile, output_folder,
+                                            staged_folder)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -97,7 +95,7 @@ def read_adapter_config(folder: str | os.PathLike) -> tuple[LoraSpec, dict]:
         refuse("no target_modules", f"name the layers among {', '.join(TARGETS)}")
     # PEFT matches a target by the module path's last part; it also saves full paths
     # ("model.layers.1.self_attn.k_proj", as `all-linear` resolves): a layer missing from the
-    # list is then a tensor missing from the file (check_adapter_tensors)
+    # list is then a tensor missing from the file (open_adapter_tensors)
     names = [targets] if isinstance(targets, str) else [str(t).rpartition(".")[2] for t in targets]
     unknown = [t for t in names if t != ALL_LINEAR and t not in TARGETS]
     if unknown:
@@ -115,15 +113,16 @@ def peft_name(dotted: str) -> tuple[str, bool]:
     return f"{PREFIX}{head}.{_LEAF[leaf]}.weight", True
 
 
-def check_adapter_tensors(folder: str, expected: dict[str, tuple[int, ...]]) -> None:
-    """Every PEFT tensor the model needs is in the folder with its shape, and nothing else is
-    (`expected`: PEFT name -> shape). Reads the file's header only."""
+def open_adapter_tensors(folder: str, expected: dict[str, tuple[int, ...]]) -> SafetensorsFile:
+    """The folder's adapter_model.safetensors, opened once (memory-mapped; read a tensor with
+    `.get(name)`), after checking from its header alone that every PEFT tensor the model needs is
+    there with its shape, and nothing else (`expected`: PEFT name -> shape)."""
     path = os.path.join(folder, ADAPTER_WEIGHTS)
     try:
-        with safe_open(path, framework="numpy") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as err:  # the library's SafetensorError and OSError: a bad file
+        file = SafetensorsFile(path)
+    except SafetensorsError as err:
         raise AdapterError(f"{path}: not a readable safetensors file ({err})") from None
+    shapes = {k: file.shape(k) for k in file.keys()}
     for name, shape in expected.items():
         if name not in shapes:
             raise AdapterError(f"{path}: tensor {name!r} is missing (adapter_config.json targets "
@@ -137,11 +136,7 @@ def check_adapter_tensors(folder: str, expected: dict[str, tuple[int, ...]]) -> 
         why = ("a layer this model does not have" if m else "a module this decoder does not adapt")
         raise AdapterError(f"{path}: tensor {extra[0]!r} is for {why} "
                            f"({len(extra)} such): the adapter was made for another base model")
-
-
-def read_adapter_tensor(folder: str, name: str) -> np.ndarray:
-    with safe_open(os.path.join(folder, ADAPTER_WEIGHTS), framework="numpy") as f:
-        return f.get_tensor(name)
+    return file
 
 
 def adapter_config_dict(spec: LoraSpec, base: str, *, dropout: float = 0.0) -> dict:
@@ -160,19 +155,9 @@ def save_adapter(tensors: dict[str, np.ndarray], spec: LoraSpec, out_dir: str | 
     name -> array in PEFT's layout) into `out_dir`, all or nothing (a temporary sibling renamed
     into place). A non-empty `out_dir` needs overwrite=True."""
     out_dir = output_folder(out_dir, overwrite)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
-    try:
+    with staged_folder(out_dir) as tmp:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
                   os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
         with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
             json.dump(adapter_config_dict(spec, base), f, indent=2)
-        if os.path.isdir(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

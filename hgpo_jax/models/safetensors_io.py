@@ -27,9 +27,12 @@ transformers loads the exports).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import struct
+import uuid
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -210,3 +213,30 @@ def output_folder(out_dir: str | os.PathLike, overwrite: bool) -> str:
         raise FileExistsError(f"{out_dir} already exists and is not empty; pass overwrite=True "
                               "(--overwrite) to replace it")
     return out_dir
+
+
+@contextlib.contextmanager
+def staged_folder(out_dir: str):
+    """A new temporary sibling of `out_dir` to write an export into; moved into place as
+    `out_dir` when the block completes (an existing `out_dir` replaced only then), removed when
+    it fails: `out_dir` is either the complete export or untouched."""
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        if not os.path.exists(out_dir):
+            os.rename(tmp, out_dir)
+            return
+        old = f"{out_dir}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(out_dir, old)
+        try:
+            os.rename(tmp, out_dir)
+        except BaseException:
+            os.rename(old, out_dir)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
