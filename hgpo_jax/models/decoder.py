@@ -32,7 +32,7 @@ from hgpo_jax.models.config import DecoderConfig, resolve_dtype
 from hgpo_jax.models.gpu_attention import ragged_decode_attention
 from hgpo_jax.models.lora import LoraSpec, is_adapter_path, linear, new_adapter_value
 from hgpo_jax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
-from hgpo_jax.models.sharding import param_sharding, rows_sharding
+from hgpo_jax.models.sharding import place_param, rows_sharding
 from hgpo_jax.models.tpu_attention import splash_attention
 
 _INIT = nnx.initializers.normal(stddev=0.02)  # HF initializer_range default
@@ -783,9 +783,7 @@ def add_adapters(model, spec: LoraSpec, seed: int = 0):
         if is_adapter_path(path):
             dotted = ".".join(str(p) for p in path)
             host = new_adapter_value(dotted, var.shape, np.float32, seed)
-            mesh = model.batch_mesh
-            value = (jax.device_put(host) if mesh is None else
-                     jax.device_put(host, param_sharding(mesh, dotted, host.shape)))
+            value = place_param(host, model.batch_mesh, dotted)
         else:
             value = base[path][...]
         filled.append((path, var.replace(value=value)))

@@ -24,7 +24,7 @@ from hgpo_jax.models.lora import LEAVES, LoraSpec, is_adapter_path, new_adapter_
 from hgpo_jax.models import peft_io
 from hgpo_jax.models.safetensors_io import (CheckpointReader, output_folder, staged_folder,
                                             write_safetensors)
-from hgpo_jax.models.sharding import is_stacked_path, param_sharding
+from hgpo_jax.models.sharding import is_stacked_path, place_param
 
 # HF tensors that carry no weights of ours and may appear in older checkpoints.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -191,16 +191,14 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
                 parts = [np.ascontiguousarray(adapter_file.get(n).T.astype(np.float32))
                          for n in adapter_tensor_names(fpath, config.num_hidden_layers)]
                 host = np.stack(parts) if is_stacked(fpath) else parts[0]
-            value = (jax.device_put(host) if mesh is None else
-                     jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape)))
+            value = place_param(host, mesh, _dotted(fpath))
             loaded.append((fpath, var.replace(value=value)))
             continue
         names, transpose = hf_tensor_names(fpath, config.num_hidden_layers)
         one_shape = var.shape[1:] if is_stacked(fpath) else var.shape
         if critic and fpath[0] == "score" and names[0] not in available:  # a new value head
             host = new_value_head(fpath[-1], var.shape, np_dtype, seed)
-            value = (jax.device_put(host) if mesh is None else
-                     jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape)))
+            value = place_param(host, mesh, _dotted(fpath))
             loaded.append((fpath, var.replace(value=value)))
             continue
         parts = []
@@ -218,10 +216,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str = "float32", *, compute_
             del src
         host = np.stack(parts) if is_stacked(fpath) else parts[0]
         del parts
-        if mesh is not None:
-            value = jax.device_put(host, param_sharding(mesh, _dotted(fpath), host.shape))
-        else:
-            value = jax.device_put(host)
+        value = place_param(host, mesh, _dotted(fpath))
         del host
         loaded.append((fpath, var.replace(value=value)))
 

@@ -134,6 +134,14 @@ def rows_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(mesh, fit_spec(P(BATCH_AXES), shape, mesh))
 
 
+def place_param(host, mesh: Mesh | None, path: str) -> jax.Array:
+    """A host (NumPy) parameter on the device(s): into its `param_sharding` on `mesh`, or on the
+    default device without one."""
+    if mesh is None:
+        return jax.device_put(host)
+    return jax.device_put(host, param_sharding(mesh, path, host.shape))
+
+
 def param_sharding(mesh: Mesh, path: str, shape: tuple[int, ...]) -> NamedSharding:
     """The NamedSharding of one parameter on `mesh`."""
     return NamedSharding(mesh, fit_spec(param_partition_spec(path), shape, mesh))
