@@ -137,6 +137,7 @@ class RolloutConfig(Options):
     max_prompt_tokens: int = 4096  # prompts beyond this lose their start (left truncation; rollout/truncated_prompt_rate)
     prefill_chunk: int = -1  # sampler prefill tokens per chunk on the einsum path: -1 = auto (scores <= 128 MiB), 0 = whole prompt (docs/sampling.md)
     decode_attention: str = "auto"  # sampler decode: auto (ragged on a GPU where it runs), einsum (every cache slot), ragged (the rows' tokens only; docs/training.md)
+    max_num_seqs: int = 1024  # the most prompts generated at once (vLLM's, verl's default); more run in successive batches: KV cache and prefill memory scale with it
 
     def _own_problems(self, p: Problems) -> None:
         p.at_least("num_groups", self.num_groups, 1)
@@ -149,6 +150,7 @@ class RolloutConfig(Options):
         p.check(self.prefill_chunk >= -1, "prefill_chunk", self.prefill_chunk,
                 "-1 (auto), 0 (the whole prompt in one chunk) or a chunk size in tokens > 0")
         p.one_of("decode_attention", self.decode_attention, ("auto", "einsum", "ragged"))
+        p.at_least("max_num_seqs", self.max_num_seqs, 1)
 
 
 @dataclass
@@ -205,9 +207,8 @@ class TrainConfig(Options):
     keep_checkpoints: int = 3  # most recent checkpoints kept
     remat: bool = True              # recompute each layer in the backward pass (saves activation memory)
     pad_multiple: int = 64  # rows are right-padded to a multiple of this many tokens (compiled shapes)
-    # token-budget micro-batches: at most this many padded tokens (rows x length) per device, rows
-    # of similar length together (verl's use_dynamic_bsz); 0 = off: micro_batch_size rows padded
-    # to the batch's longest row, as the authors' runs
+    # token-budget micro-batches: at most this many padded tokens (rows x length) per device, rows of similar
+    # length together (verl's use_dynamic_bsz); 0 = off: micro_batch_size rows padded to the longest, as the authors'
     max_tokens_per_micro_batch: int = 0
     diagnostics: bool = True  # log diag/<estimator>/{bias,abs_dev,rmse} against the oracle per iteration
 
@@ -260,10 +261,9 @@ class EvalConfig(Options):
 class SftConfig(Options):
     """Supervised warm start (`hgpo-jax sft`, docs/sft.md); uses optim, train, model, env, mesh."""
 
-    # recorded episodes: expert | random (the reply format only) | search (ALFWorld: the hand-coded
-    # expert that searches; WebShop: the instruction shopper) | first (WebShop: the instruction
-    # shopper opening the first affordable result), or several joined by "+", each with its own count as kind:N
-    # (e.g. expert+search:800); or a JSONL file of prompt/response turns
+    # recorded episodes: expert | random (the reply format only) | search (ALFWorld: the hand-coded expert that
+    # searches; WebShop: the instruction shopper) | first (WebShop: the instruction shopper opening the first
+    # affordable result), or several joined by "+", each with its count as kind:N (e.g. expert+search:800); or a JSONL file of turns
     data: str = "expert"
     episodes: int = 200  # episodes recorded on env.split per kind without :N (toy: tasks; alfworld: games)
     steps: int = 300  # optimizer steps

@@ -155,6 +155,12 @@ def test_random_tiny_model_on_the_toy_env(tiny):
     np.testing.assert_array_equal(batch.reward, 0.0)  # the env's reward: no invalid penalty
     assert all(len(r) <= 8 for r in batch.response_ids)
     assert all(len(p) <= 512 for p in batch.prompt_ids)
+    # rollout.max_num_seqs below the 4 envs: 2 generation batches a step, the same rollout
+    few = Policy(model, tok, temperature=1.0, max_new_tokens=8, max_prompt_tokens=512,
+                 max_num_seqs=3)
+    with toy_pool(4, max_steps=3) as pool:
+        again = collect_rollouts(few, pool, [0, 1], group_size=2, max_steps=3, rng=0)
+    assert again.response_ids == batch.response_ids and again.prompt_ids == batch.prompt_ids
 
 
 def test_rollouts_on_real_alfworld_games(tiny):

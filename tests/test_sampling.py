@@ -487,6 +487,18 @@ def test_a_rows_samples_depend_on_its_id_not_on_the_batch():
         model, prompts, 12, row_ids=list(range(5)), **kw).tokens
     with pytest.raises(ValueError, match="row_ids"):
         generate(model, prompts, 4, row_ids=[1, 2], **kw)
+    # max_rows (rollout.max_num_seqs): the prompts in batches of at most 2, joined in order: the
+    # same draws, with and without row_ids; the programs are those of the smaller batch
+    batched = generate(model, prompts, 12, row_ids=ids, max_rows=2, **kw)
+    assert batched.tokens == together.tokens
+    np.testing.assert_allclose(np.concatenate(batched.logprobs),
+                               np.concatenate(together.logprobs), atol=1e-5)
+    assert generate(model, prompts, 12, max_rows=3, **kw).tokens == generate(
+        model, prompts, 12, row_ids=list(range(5)), **kw).tokens
+    assert generate(model, prompts, 12, row_ids=ids, max_rows=5, **kw).tokens == together.tokens
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_rows must be an int >= 0"):
+            generate(model, prompts, 4, max_rows=bad, **kw)
 
 
 # --------------------------------------------------------------------------- weights in the compute dtype

@@ -103,17 +103,18 @@ class Policy:
     max_prompt_tokens: int = 2048
     prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
     decode_attention: str = "auto"  # the sampler's decode attention (`generate`'s decode)
+    max_num_seqs: int = 0  # the most prompts generated at once (`generate`'s max_rows; 0 = all)
     # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
     prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
 
     @classmethod
     def of_rollout(cls, model, tokenizer, rollout, temperature: float) -> "Policy":
         """The policy a config's `rollout` section samples with (its top_p, top_k, max_new_tokens,
-        max_prompt_tokens, prefill_chunk, decode_attention), at `temperature`."""
+        max_prompt_tokens, prefill_chunk, decode_attention, max_num_seqs), at `temperature`."""
         return cls(model, tokenizer, temperature=temperature, top_p=rollout.top_p,
                    top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
                    max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk,
-                   decode_attention=rollout.decode_attention)
+                   decode_attention=rollout.decode_attention, max_num_seqs=rollout.max_num_seqs)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
@@ -131,7 +132,7 @@ class Policy:
                         top_p=self.top_p, top_k=self.top_k,
                         eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
                         prefill_chunk=self.prefill_chunk, row_ids=row_ids,
-                        decode=self.decode_attention)
+                        decode=self.decode_attention, max_rows=self.max_num_seqs)
 
 
 @dataclasses.dataclass

@@ -660,6 +660,18 @@ def _row_ids(row_ids, n: int, rows: int, procs: int) -> np.ndarray:
     return out
 
 
+def _batches(prompts: int, max_rows: int, procs: int) -> int:
+    """Generation calls for `prompts` prompts (this process's) at most `max_rows` at a time
+    (0 = all at once): 1, or the most any process needs (the calls are collective)."""
+    if not isinstance(max_rows, (int, np.integer)) or isinstance(max_rows, bool) or max_rows < 0:
+        raise ValueError(f"max_rows must be an int >= 0 (0 = every prompt at once), "
+                         f"got {max_rows!r}")
+    if max_rows == 0:
+        return 1
+    need = -(-prompts // max_rows)
+    return max(max_over_processes(need)[0] if procs > 1 else need, 1)
+
+
 def _state_signature(state) -> tuple:
     leaves, treedef = jax.tree.flatten(state)
     return treedef, tuple((x.shape, x.dtype, x.sharding) for x in leaves)
@@ -718,8 +730,8 @@ class Sampler:
     def generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  eos_token_id=None, rng=None, mesh=None,
-                 prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto"
-                 ) -> GenerateOutput:
+                 prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto",
+                 max_rows: int = 0) -> GenerateOutput:
         """See the module-level `generate`."""
         if decode not in DECODE_ATTENTIONS:
             raise ValueError(f"decode={decode!r}: use one of {', '.join(DECODE_ATTENTIONS)}")
@@ -728,6 +740,12 @@ class Sampler:
         graphdef, state = nnx.split(model)
         mesh = mesh if mesh is not None else params_mesh(state)
         procs = _mesh_processes(mesh)
+        batches = _batches(len(prompts), max_rows, procs)
+        if batches > 1:
+            return self._generate_in_batches(
+                model, prompts, max_new_tokens, batches, max_rows, procs, row_ids,
+                temperature=temperature, top_p=top_p, top_k=top_k, eos_token_id=eos_token_id,
+                rng=rng, mesh=mesh, prefill_chunk=prefill_chunk, decode=decode)
         if not prompts and procs == 1:
             return GenerateOutput([], [], [], self.num_compiles, 0.0)
         dp = 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES)
@@ -778,6 +796,28 @@ class Sampler:
             model_logprobs=[mlps[r, :lengths[r]].tolist() for r in range(n)],
             num_compiles=self.num_compiles, compile_s=compile_s, prefill_s=t1 - t0,
             decode_s=t2 - t1)
+
+    def _generate_in_batches(self, model, prompts, max_new_tokens, batches: int, max_rows: int,
+                             procs: int, row_ids, **kw) -> GenerateOutput:
+        """`generate` of at most `max_rows` prompts at a time (this process's), `batches` calls
+        (the same count on every process), outputs joined in prompt order. Row ids keep every
+        row's draws what one batch would give them."""
+        if row_ids is None and procs > 1:
+            raise ValueError("generating in batches of max_rows on several processes needs "
+                             "row_ids (one per prompt), so that the rows' draws stay independent")
+        ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
+        if len(ids) != len(prompts):
+            raise ValueError(f"row_ids must hold one integer >= 0 per prompt ({len(prompts)}), "
+                             f"got {row_ids!r}")
+        parts = [self.generate(model, prompts[b * max_rows:(b + 1) * max_rows], max_new_tokens,
+                               row_ids=ids[b * max_rows:(b + 1) * max_rows], **kw)
+                 for b in range(batches)]
+        return GenerateOutput(
+            tokens=[t for o in parts for t in o.tokens],
+            logprobs=[t for o in parts for t in o.logprobs],
+            model_logprobs=[t for o in parts for t in o.model_logprobs],
+            num_compiles=self.num_compiles, compile_s=sum(o.compile_s for o in parts),
+            prefill_s=sum(o.prefill_s for o in parts), decode_s=sum(o.decode_s for o in parts))
 
     @staticmethod
     def _compile(graphdef, static: _Static, args, mesh, state):
@@ -869,8 +909,10 @@ def compile_count() -> int:
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, eos_token_id=None,
              rng=None, mesh=None, sampler: Sampler | None = None,
-             prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto") -> GenerateOutput:
-    """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch.
+             prefill_chunk: int = AUTO_CHUNK, row_ids=None, decode: str = "auto",
+             max_rows: int = 0) -> GenerateOutput:
+    """Sample up to `max_new_tokens` new tokens for each prompt, all prompts in one batch (or
+    in batches of at most `max_rows`).
 
     model: a CausalLM. prompts: list of token-id lists (each non-empty).
     temperature: 0 = greedy (argmax; top_k / top_p are then irrelevant), else the softmax
@@ -893,6 +935,10 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     decode: the decode's attention (`decode_path`): 'auto' (the ragged decode on a GPU where it
       runs, else einsum), 'einsum' (every cache slot) or 'ragged' (each row's tokens only; off a
       GPU through Pallas's interpreter). Same tokens either way, up to float summation order.
+    max_rows: the most prompts (per process) in one batch, vLLM's max_num_seqs: more run in
+      successive batches, each with its own KV cache, so the cache and the prefill's temporaries
+      scale with max_rows instead of the prompt count; 0 = all at once. Same tokens either way
+      (each row's draws depend on its row id only), up to float summation order.
 
     Returns a GenerateOutput (see there for the log-prob semantics and the timings).
     Raises ValueError on an empty prompt, a prompt + max_new_tokens longer than the model's
@@ -902,4 +948,4 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     return (sampler or DEFAULT_SAMPLER).generate(
         model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk,
-        row_ids=row_ids, decode=decode)
+        row_ids=row_ids, decode=decode, max_rows=max_rows)

@@ -318,8 +318,9 @@ def plan_state(sp: StatePlan, mesh, shapes=()) -> dict:
 
 def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     """Per-device bytes of the rollout's generation programs, compiled for the config's largest
-    rollout batch (num_groups x group_size prompts of max_prompt_tokens, max_new_tokens new) on
-    abstract weights, as the trainer runs them (the policy's master weights, so no second copy).
+    generation batch (num_groups x group_size prompts, at most rollout.max_num_seqs, of
+    max_prompt_tokens, max_new_tokens new) on abstract weights, as the trainer runs them (the
+    policy's master weights, so no second copy).
 
     resident_bytes: what training keeps on each device during a rollout (master weights,
     optimizer state, reference weights; the algorithm's own model and its optimizer state where
@@ -331,7 +332,7 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     from hgpo_jax.rl.sampling import compile_for_plan, prompt_bucket
 
     r = cfg.rollout
-    rows = r.num_groups * r.group_size
+    rows = min(r.num_groups * r.group_size, r.max_num_seqs)  # a larger rollout: several batches
     t0 = time.perf_counter()
     programs = compile_for_plan(graphdef, abs_params, rows, prompt_bucket(r.max_prompt_tokens),
                                 r.max_new_tokens, mesh, resolve_dtype(cfg.model.compute_dtype),
@@ -339,6 +340,7 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
     compile_s = time.perf_counter() - t0
     weights = _bytes_per_device(abs_params)
     out = {"sampler_shape": (rows, r.max_prompt_tokens, r.max_new_tokens),
+           "sampler_rollout_rows": r.num_groups * r.group_size,
            "sampler_batch": programs["batch"], "sampler_prompt_slots": programs["prompt_slots"],
            "sampler_new_slots": programs["new_slots"], "sampler_prefill_chunk": programs["chunk"],
            "sampler_row_groups": programs["row_groups"],
@@ -416,8 +418,11 @@ def _format_sampler(p: dict) -> list[str]:
     g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
     rows, prompt, new = p["sampler_shape"]
     chunk = p["sampler_prefill_chunk"]
+    total = p.get("sampler_rollout_rows", rows)
     return [
-        f"  sampler: {rows} prompts x {prompt} tokens, {new} new (batch {p['sampler_batch']} x "
+        f"  sampler: {rows} prompts"
+        + (f" at a time (of {total}: rollout.max_num_seqs)" if total > rows else "")
+        + f" x {prompt} tokens, {new} new (batch {p['sampler_batch']} x "
         f"{p['sampler_prompt_slots']} + {p['sampler_new_slots']} slots), prefill "
         f"{p['sampler_prefill_attention']}"
         + (f" in chunks of {chunk} tokens" if chunk and chunk < p["sampler_prompt_slots"] else "")
