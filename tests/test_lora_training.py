@@ -154,3 +154,30 @@ def test_a_lora_step_on_two_and_eight_devices_equals_one():
         # Adam divides by the gradient's own size: an adapter weight whose gradient is ~0 may step
         # by up to lr (1e-3) on a sign the reduction order decides; 1e-4 is a tenth of that
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5), p1, p_n)
+
+
+def test_sft_and_eval_start_from_a_peft_adapter(tmp_path, capsys):
+    """`hgpo-jax sft` trains adapters (model.lora_rank), `export --adapter` writes them, and a
+    second SFT from `model.adapter=<that folder>` starts where the first ended (its held-out loss
+    before training is the first run's last); `eval` plays from base + adapter as from the run."""
+    import re
+
+    first, folder, second = tmp_path / "sft", tmp_path / "adapter", tmp_path / "sft2"
+    common = ["env.num_workers=1", "sft.episodes=40", "sft.eval_every=2", "--no-progress"]
+    assert cli_main(["sft", "toy_format", f"train.run_dir={first}", "model.lora_rank=4",
+                     "sft.steps=2", *common]) == 0
+    last = float(re.findall(r"held-out NLL ([0-9.]+)", capsys.readouterr().out)[-1])
+    assert cli_main(["export", str(first), str(folder), "--adapter", "--no-progress"]) == 0
+    assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4
+    assert cli_main(["sft", "toy_format", f"train.run_dir={second}", f"model.adapter={folder}",
+                     "sft.steps=1", *common]) == 0
+    before = re.search(r"held-out NLL per response token: ([0-9.]+) before training",
+                       capsys.readouterr().out)
+    assert before and abs(float(before.group(1)) - last) < 1e-3
+    games = ["--split", "valid_seen", "--games", "4", "--json", "--no-progress",
+             "eval.protocol=each-once", "eval.temperature=0", "env.num_workers=1"]
+    results = []
+    for source in ([str(first)], ["toy_format", f"model.adapter={folder}"]):
+        assert cli_main(["eval", *source, *games]) == 0
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert results[0] == results[1] and results[0]["valid_seen"]["episodes"] == 4
