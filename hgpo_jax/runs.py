@@ -38,8 +38,8 @@ from hgpo_jax.config_checks import marked_env_options, section_values
 from hgpo_jax.metrics import write_atomically
 from hgpo_jax.models import load_pretrained, load_tokenizer, make_mesh
 from hgpo_jax.models.decoder import add_adapters, relayout_layers
-from hgpo_jax.models.lora import (from_options, merge_params, split_params, trainable,
-                                  with_trainable)
+from hgpo_jax.models.lora import merge_params, split_params, trainable, with_trainable
+from hgpo_jax.models.peft_io import lora_spec
 from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings, shard_params
 
 RUN_CONFIG = "config.yaml"
@@ -341,20 +341,6 @@ def build_optimizer(cfg, total_steps: int = 1):
     return make_optimizer(o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
                           warmup_steps=o.warmup_steps, schedule=o.schedule,
                           total_steps=total_steps, b1=o.b1, b2=o.b2)
-
-
-def lora_spec(model_cfg):
-    """The `models.lora.LoraSpec` of a config's model section (None: no adapters):
-    model.adapter's own (a PEFT folder), else model.lora_rank / lora_alpha / lora_targets'.
-    ValueError (peft_io.AdapterError) names what does not fit, before any weight loads."""
-    from hgpo_jax.models.peft_io import read_adapter_config
-
-    if model_cfg.adapter and model_cfg.lora_rank:
-        raise ValueError(f"model.adapter={model_cfg.adapter!r} brings its own rank: set "
-                         f"model.lora_rank=0 (not {model_cfg.lora_rank}) beside it")
-    if model_cfg.adapter:
-        return read_adapter_config(model_cfg.adapter)[0]
-    return from_options(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_targets)
 
 
 def fit_adapters(model, spec, path: str, seed: int = 0):

@@ -181,3 +181,66 @@ def test_sft_and_eval_start_from_a_peft_adapter(tmp_path, capsys):
         assert cli_main(["eval", *source, *games]) == 0
         results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert results[0] == results[1] and results[0]["valid_seen"]["episodes"] == 4
+
+
+def _buffers(tree) -> list[int]:
+    return [x.addressable_shards[0].data.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)]
+
+
+def test_a_critic_trains_its_own_adapters_on_the_policys_base_and_resumes_exactly(tmp_path):
+    """PPO with LoRA: the critic's params are `Adapted` whose frozen part is the policy's base
+    arrays themselves (no second copy), its adapters and value head train, its optimizer state
+    covers them only, a checkpoint holds them only, and a resume continues exactly."""
+    def ppo(run, *extra):
+        return lora_config(run, "algo.estimator=ppo", "algo.gamma=1.0", "algo.lam=1.0",
+                           "rollout.group_size=1", "rollout.num_groups=4", "critic.lr=1e-4",
+                           *extra)
+
+    with Trainer(ppo(tmp_path / "straight", "train.iterations=2"), progress=False) as t:
+        critic, policy = t.state.algo_state.params, t.state.params
+        assert isinstance(critic, Adapted)
+        flat_policy = dict(nnx.to_flat_state(policy.frozen))
+        shared = dict(nnx.to_flat_state(critic.frozen))
+        assert shared and set(shared) <= set(flat_policy)
+        assert _buffers([v[...] for v in shared.values()]) == _buffers(
+            [flat_policy[p][...] for p in shared])  # the same buffers: no copy of the base
+        assert {p[0] for p, _ in nnx.to_flat_state(critic.train)} == {"model", "score"}
+        before = host(critic.train)
+        straight = t.train()
+        after = host(t.state.algo_state.params.train)
+        n_train = sum(x.size for x in jax.tree.leaves(after))
+        n_opt = sum(x.size for x in jax.tree.leaves(t.state.algo_state.opt_state) if x.ndim)
+        assert n_opt == 2 * n_train
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), before, after)
+    assert min(jax.tree.leaves(moved["score"])) > 0 and max(jax.tree.leaves(moved["model"])) > 0
+    with Trainer(ppo(tmp_path / "resumed", "train.iterations=1"), progress=False) as t:
+        t.train()
+    ckpt = Checkpointer(str(tmp_path / "resumed" / "checkpoints"), read_only=True)
+    try:
+        saved = ckpt.item_shapes("critic")
+    finally:
+        ckpt.close()
+    shapes = jax.tree.leaves(saved["params"], is_leaf=lambda x: isinstance(x, tuple) and
+                             all(isinstance(i, int) for i in x))
+    assert sum(int(np.prod(x)) for x in shapes) == n_train  # adapters and head, no base
+    with Trainer(ppo(tmp_path / "resumed", "train.iterations=2"), resume=True,
+                 progress=False) as t:
+        resumed = t.train()
+        critic = host(t.state.algo_state.params.train)
+    for key in ("critic/vf_loss", "train/loss"):
+        assert resumed[0][key] == pytest.approx(straight[1][key], rel=1e-6, abs=1e-7), key
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), after, critic)
+    # `export --critic`: merged (W + s A B) into transformers' token-classification model
+    from transformers import AutoModelForTokenClassification
+    import torch
+
+    from hgpo_jax.runs import load_run_state_model
+
+    assert cli_main(["export", str(tmp_path / "resumed"), str(tmp_path / "critic"), "--critic",
+                     "--no-progress"]) == 0
+    model, _ = load_run_state_model(str(tmp_path / "resumed"))
+    ids = np.random.RandomState(0).randint(0, 600, (2, 12))
+    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic")).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids)).logits.numpy()[..., 0]
+    np.testing.assert_allclose(theirs, np.asarray(model(jnp.asarray(ids))), atol=2e-4)

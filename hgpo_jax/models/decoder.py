@@ -716,9 +716,11 @@ def new_value_head(leaf: str, shape: tuple[int, ...], dtype, seed: int):
 def critic_from_policy(policy: CausalLM, seed: int = 0, num_heads: int = 1) -> CriticModel:
     """A CriticModel whose backbone is a copy of `policy`'s (same layout, dtypes, placement and
     options) with `num_heads` new value heads (`new_value_head`, seeded with `seed`): verl's
-    critic, started from the policy's checkpoint."""
+    critic, started from the policy's checkpoint. A policy with adapters gives a critic with its
+    own copy of them on the SAME frozen base arrays (not copied: nothing trains them)."""
+    lora = getattr(policy, "lora", None)
     options = dict(remat=policy.remat, batch_mesh=policy.batch_mesh, scan_layers=policy.scan_layers,
-                   attention=policy.attention)
+                   attention=policy.attention, lora=lora)
     abstract = nnx.eval_shape(lambda: CriticModel(policy.config, dtype=policy.dtype,
                                                   param_dtype=policy.param_dtype,
                                                   rngs=nnx.Rngs(0), num_heads=num_heads, **options))
@@ -727,7 +729,8 @@ def critic_from_policy(policy: CausalLM, seed: int = 0, num_heads: int = 1) -> C
     filled = []
     for path, var in nnx.to_flat_state(state):
         if path[0] == "model":
-            value = jnp.copy(backbone[path[1:]][...])
+            value = backbone[path[1:]][...]
+            value = jnp.copy(value) if lora is None or is_adapter_path(path) else value
         else:  # the head, replicated like the backbone's scales
             value = jnp.asarray(new_value_head(path[-1], var.shape, var.dtype, seed))
         filled.append((path, var.replace(value=value)))

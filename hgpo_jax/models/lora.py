@@ -39,6 +39,9 @@ from flax import nnx
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = "all-linear"  # PEFT's and verl's name for every linear layer but the LM head
 BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))  # filter: the base weights, not the adapters
+# filter: what trains when a model has adapters: the adapters, and a head the base does not
+# have (a critic's value head `score`, new weights on the shared base)
+TRAINED = nnx.Any(nnx.LoRAParam, nnx.PathContains("score"))
 LEAVES = ("lora_a", "lora_b")
 
 
@@ -147,8 +150,9 @@ def new_adapter_value(dotted: str, shape: tuple[int, ...], dtype, seed: int) -> 
 @flax.struct.dataclass
 class Adapted:
     """A model's parameters when only its adapters train, one pytree: `train` (the
-    `nnx.LoRAParam` state) and `frozen` (the base's `nnx.Param` state, never differentiated, never
-    in an optimizer). Every other parameter tree is a plain `nnx.State` (all weights train)."""
+    `nnx.LoRAParam` state, and a critic's value head: `TRAINED`) and `frozen` (the base's
+    `nnx.Param` state, never differentiated, never in an optimizer). Every other parameter tree
+    is a plain `nnx.State` (all weights train)."""
 
     train: Any
     frozen: Any
@@ -156,10 +160,10 @@ class Adapted:
 
 def split_params(model: nnx.Module) -> tuple[Any, Any]:
     """(graphdef, params): params the model's `nnx.Param` state, or `Adapted` when it has
-    adapters (`CausalLM.lora`)."""
+    adapters (`CausalLM.lora`; what trains: `TRAINED`)."""
     if getattr(model, "lora", None) is None:
         return nnx.split(model, nnx.Param)
-    graphdef, train, frozen = nnx.split(model, nnx.LoRAParam, nnx.Param)
+    graphdef, train, frozen = nnx.split(model, TRAINED, nnx.Param)
     return graphdef, Adapted(train, frozen)
 
 

@@ -21,7 +21,7 @@ import re
 import numpy as np
 from safetensors.numpy import save_file
 
-from hgpo_jax.models.lora import ALL_LINEAR, TARGETS, LoraSpec
+from hgpo_jax.models.lora import ALL_LINEAR, TARGETS, LoraSpec, from_options
 from hgpo_jax.models.safetensors_io import (SafetensorsError, SafetensorsFile, output_folder,
                                             staged_folder)
 
@@ -161,3 +161,16 @@ def save_adapter(tensors: dict[str, np.ndarray], spec: LoraSpec, out_dir: str | 
         with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
             json.dump(adapter_config_dict(spec, base), f, indent=2)
     return out_dir
+
+
+def lora_spec(model_cfg) -> LoraSpec | None:
+    """The `LoraSpec` of a config's model section (`model_cfg`: its `adapter`, `lora_rank`,
+    `lora_alpha`, `lora_targets`; None: no adapters): model.adapter's own (a PEFT folder), else
+    model.lora_rank / lora_alpha / lora_targets'. ValueError (AdapterError) names what does not
+    fit, before any weight loads."""
+    if model_cfg.adapter and model_cfg.lora_rank:
+        raise ValueError(f"model.adapter={model_cfg.adapter!r} brings its own rank: set "
+                         f"model.lora_rank=0 (not {model_cfg.lora_rank}) beside it")
+    if model_cfg.adapter:
+        return read_adapter_config(model_cfg.adapter)[0]
+    return from_options(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_targets)

@@ -32,7 +32,9 @@ PARAM_RULES: tuple[tuple[str, P], ...] = (
     (r"mlp\.down_proj\.bias$", P()),
     (r"norm\.scale$", P()),  # the layers' norms, the final norm, Qwen3's per-head q_norm / k_norm
     (r"lm_head\.kernel$", P("fsdp", "tensor")),
-    (r"^score\.(kernel|bias)$", P()),  # the critic's value head: [D, H] and [H], replicated
+    # the critic's value head: [D, H] and [H], replicated (under `train.` when it trains beside
+    # adapters: models.lora.Adapted)
+    (r"(^|\.)score\.(kernel|bias)$", P()),
 )
 
 

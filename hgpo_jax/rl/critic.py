@@ -48,6 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from hgpo_jax.algo_specs import ALGORITHMS
+from hgpo_jax.models.lora import merge_params, split_params
 from hgpo_jax.rl.batching import CriticRows, fixed_micro_weights, head_axis
 from hgpo_jax.rl.loss import masked_mean
 from hgpo_jax.rl.update import (BudgetStep, batch_sharding, budget_update, make_budget_update,
@@ -253,7 +254,7 @@ def critic_micro_weights(counts, num_micro: int) -> tuple[np.ndarray, np.ndarray
 
 def _merge_critic(graphdef, params, num_heads: int):
     """The critic of `graphdef` and `params`, checked to have `num_heads` value heads."""
-    critic = nnx.merge(graphdef, params)
+    critic = merge_params(graphdef, params)
     if getattr(critic, "num_heads", 1) != num_heads:
         raise ValueError(f"the critic has {critic.num_heads} value heads but its functions were "
                          f"built for num_heads={num_heads}; pass num_heads={critic.num_heads}")
@@ -335,6 +336,8 @@ class Critic:
 
     `Critic.build` makes it from the policy at the start of the run
     (`models.decoder.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
+    A LoRA policy's critic has its own adapters and head on the policy's frozen base (the same
+    arrays): its params are a `models.lora.Adapted`, its optimizer state covers what trains.
     """
 
     def __init__(self, cfg, graphdef, shardings, opt_shardings, mesh: Mesh, num_micro: int,
@@ -360,9 +363,9 @@ class Critic:
         from hgpo_jax.models.decoder import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
-        graphdef, params = nnx.split(critic_from_policy(policy, seed, num_heads), nnx.Param)
+        graphdef, params = split_params(critic_from_policy(policy, seed, num_heads))
         shardings = param_shardings(mesh, params)
-        params = shard_params(params, mesh)
+        params = shard_params(params, mesh)  # placed already: no copy of a shared frozen base
         opt_state, opt_shardings = init_opt_state(critic_optimizer(cfg), params, mesh)
         return (cls(cfg, graphdef, shardings, opt_shardings, mesh, num_micro, num_heads,
                     value_masks),

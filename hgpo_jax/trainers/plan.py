@@ -27,7 +27,7 @@ from flax import nnx
 from hgpo_jax.models import CausalLM, DecoderConfig, RopeScaling, make_mesh
 from hgpo_jax.models.config import resolve_dtype
 from hgpo_jax.models.decoder import resolve_attention
-from hgpo_jax.models.lora import split_params, trainable
+from hgpo_jax.models.lora import Adapted, split_params, trainable
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
 from hgpo_jax.rl.algorithms import StatePlan, build_algorithm
@@ -297,9 +297,13 @@ def plan_state(sp: StatePlan, mesh, shapes=()) -> dict:
     optimizer state and the peak of its update step (arguments + temporaries; with token-budget
     micro-batches, `plan_budget_step` at `shapes`), as `{label}_params_bytes`,
     `{label}_opt_bytes`, `{label}_step_bytes`; its parameter count `{label}_params`, its `facts`
-    as `{label}_{key}`, and `state_label`, `state_detail` for the printed plan."""
+    as `{label}_{key}`, and `state_label`, `state_detail` for the printed plan.
+    A model with adapters on the policy's frozen base (`models.lora.Adapted`: a LoRA run's
+    critic) counts what trains only: the base is the policy's, resident already, so its bytes
+    leave the params and the step's peak too."""
     abs_params = _abstract(sp.params, sp.shardings)
-    abs_opt = _abstract(jax.eval_shape(sp.tx.init, sp.params), sp.opt_shardings)
+    abs_opt = _abstract(jax.eval_shape(sp.tx.init, trainable(sp.params)), sp.opt_shardings)
+    shared = _bytes_per_device(abs_params.frozen) if isinstance(abs_params, Adapted) else 0
     if sp.budget_batch is None:
         step_bytes = _step_peak_bytes(sp.step.lower(abs_params, abs_opt, _sharded(sp.batch, mesh))
                                       .compile(compiler_options=plan_compiler_options(mesh))
@@ -309,11 +313,11 @@ def plan_state(sp: StatePlan, mesh, shapes=()) -> dict:
                                       mesh)["peak_bytes"]
     label = sp.label
     return {"state_label": label, "state_detail": sp.detail,
-            f"{label}_params": sum(math.prod(x.shape) for x in jax.tree.leaves(sp.params)),
+            f"{label}_params": sum(math.prod(x.shape) for x in jax.tree.leaves(trainable(sp.params))),
             **{f"{label}_{k}": v for k, v in sp.facts.items()},
-            f"{label}_params_bytes": _bytes_per_device(abs_params),
+            f"{label}_params_bytes": _bytes_per_device(trainable(abs_params)),
             f"{label}_opt_bytes": _bytes_per_device(abs_opt),
-            f"{label}_step_bytes": step_bytes}
+            f"{label}_step_bytes": step_bytes - shared}
 
 
 def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 
 from hgpo_jax import distributed as dist
+from hgpo_jax.models.lora import Adapted, merge_params, split_params, trainable, with_trainable
+from hgpo_jax.models.peft_io import lora_spec
 from hgpo_jax.rl.algorithms.base import Advantages, Algorithm, StatePlan, StepRows
 from hgpo_jax.rl.batching import CriticRows, budget_ladder, gather_rows
 from hgpo_jax.rl.critic import (Critic, CriticState, critic_micro_weights, critic_optimizer,
@@ -73,18 +75,23 @@ class CriticAlgorithm(Algorithm):
         super().__init__(cfg, spec, mesh, num_micro, tokenizer)
         self.window = cfg.rollout.max_new_tokens
         self.critic: Critic | None = None  # its functions, made with its state (init_state)
+        self.frozen = None  # with LoRA: the frozen base the critic shares with the policy
 
     def init_state(self, policy, seed: int):
         self.critic, state = Critic.build(self.cfg, policy, self.mesh, self.num_micro, seed,
                                           num_heads=self.spec.critic_heads,
                                           value_masks=self.value_masks)
+        self.frozen = state.params.frozen if isinstance(state.params, Adapted) else None
         return state
 
     def state_arrays(self, state: CriticState) -> dict:
-        return {"params": state.params, "opt_state": state.opt_state}
+        """What a checkpoint holds: what trains (with LoRA: the adapters and the head, not the
+        shared base) and its optimizer state."""
+        return {"params": trainable(state.params), "opt_state": state.opt_state}
 
     def restore_state(self, arrays: dict) -> CriticState:
-        return CriticState(**arrays)
+        params = arrays["params"] if self.frozen is None else Adapted(arrays["params"], self.frozen)
+        return CriticState(params, arrays["opt_state"])
 
     @classmethod
     def state_signature(cls, spec) -> tuple[str, int]:
@@ -110,11 +117,11 @@ class CriticAlgorithm(Algorithm):
         if cls.state_item not in ckpt.items():
             raise ValueError(f"the newest checkpoint under {ckpt.directory} holds no critic")
         _, heads = cls.checkpoint_signature(ckpt.item_shapes(cls.state_item))
-        graphdef, params = nnx.split(critic_from_policy(policy, num_heads=heads), nnx.Param)
-        like = {cls.state_item: {"params": params,
+        graphdef, params = split_params(critic_from_policy(policy, num_heads=heads))
+        like = {cls.state_item: {"params": trainable(params),
                                  "opt_state": init_opt_state(critic_optimizer(cfg), params)[0]}}
         state, _, _ = ckpt.restore_latest(like)
-        return nnx.merge(graphdef, state[cls.state_item]["params"])
+        return merge_params(graphdef, with_trainable(params, state[cls.state_item]["params"]))
 
     def plan_state(self, model_cfg, attention: str) -> StatePlan:
         """The critic's update step as the run builds it (`rl.critic.Critic`: its heads, and
@@ -125,13 +132,14 @@ class CriticAlgorithm(Algorithm):
 
         cfg, heads = self.cfg, self.spec.critic_heads
         t, r = cfg.train, cfg.rollout
-        graphdef, params = nnx.split(nnx.eval_shape(lambda: CriticModel(
+        spec = lora_spec(cfg.model)  # a LoRA policy's critic: its adapters on the shared base
+        graphdef, params = split_params(nnx.eval_shape(lambda: CriticModel(
             model_cfg, dtype=cfg.model.compute_dtype, param_dtype=cfg.model.dtype,
             rngs=nnx.Rngs(0), remat=t.remat, batch_mesh=self.mesh,
-            scan_layers=cfg.model.scan_layers, attention=attention, num_heads=heads)), nnx.Param)
+            scan_layers=cfg.model.scan_layers, attention=attention, num_heads=heads, lora=spec)))
         shardings = param_shardings(self.mesh, params)
         tx = critic_optimizer(cfg)
-        opt_shardings = opt_state_shardings(tx, params, self.mesh)
+        opt_shardings = opt_state_shardings(tx, trainable(params), self.mesh)
         critic = Critic(cfg, graphdef, shardings, opt_shardings, self.mesh, self.num_micro, heads,
                         self.value_masks)
         include = ("value_mask",) if self.value_masks else ()
@@ -143,7 +151,9 @@ class CriticAlgorithm(Algorithm):
                                    include=include, weighted=True)
 
         budget = critic.budget_step is not None
-        return StatePlan(label=self.state_item, detail=f"{heads_text(heads)}, no LM head",
+        detail = f"{heads_text(heads)}, no LM head" + (
+            f", rank-{spec.rank} adapters on the policy's frozen base" if spec else "")
+        return StatePlan(label=self.state_item, detail=detail,
                          params=params, shardings=shardings, tx=tx, opt_shardings=opt_shardings,
                          step=critic.budget_step if budget else critic.step_fn, batch=batch,
                          facts={"heads": heads}, budget_batch=budget_batch if budget else None)
