@@ -187,3 +187,45 @@ def test_the_config_key_reaches_the_rollouts_policy():
     assert Policy.of_rollout(None, None, cfg.rollout, 1.0).decode_attention == "einsum"
     with pytest.raises(ConfigError, match="rollout.decode_attention"):
         load_config(None, ["rollout.decode_attention=paged"])
+
+
+def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
+        models, monkeypatch, capsys):
+    """decode='auto' picks the ragged kernel (here: as on a GPU); its lowering fails on this
+    device: the sampler says so in one line and decodes with einsum (the same tokens), and its
+    later 'auto' calls go straight to einsum. A rollout through the default sampler runs."""
+    from hgpo_jax.models import decoder
+    from hgpo_jax.rl import sampling
+    from hgpo_jax.rl.rollout import Policy
+
+    real = sampling.decode_path
+    monkeypatch.setattr(sampling, "decode_path", lambda requested, prefill, unrolled, *a, **k:
+                        "ragged" if requested == "auto" and prefill != "einsum" and unrolled
+                        else real(requested, prefill, unrolled, *a, **k))
+
+    def lowering_fails(*args, **kwargs):
+        raise RuntimeError("Mosaic GPU lowering failed: unsupported layout\n(details)")
+
+    monkeypatch.setattr(decoder, "ragged_decode_attention", lowering_fails)
+    _, model = models["tied_gqa2"]
+    prompts = prompts_of(model.config.vocab_size, (5, 30, 1, 17, 9), seed=8)
+    ref = generate(model, prompts, 10, temperature=0, sampler=Sampler(), decode="einsum")
+    sampler = Sampler()
+    out = generate(model, prompts, 10, temperature=0, sampler=sampler)  # decode="auto"
+    err = capsys.readouterr().err
+    assert out.tokens == ref.tokens
+    assert err.count("\n") == 1 and "the ragged decode kernel did not compile on this device" \
+        in err and "Mosaic GPU lowering failed: unsupported layout" in err
+    assert sampler.ragged_failure.startswith("RuntimeError")
+    again = generate(model, prompts[:3], 10, temperature=0, sampler=sampler)
+    assert again.tokens == ref.tokens[:3] and capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError, match="Mosaic"):  # asked for by name: no fallback
+        generate(model, prompts, 10, temperature=0, sampler=Sampler(), decode="ragged")
+    # a rollout's generation (its policy's decode_attention 'auto', the default sampler)
+    monkeypatch.setattr(sampling.DEFAULT_SAMPLER, "ragged_failure", None)
+    from types import SimpleNamespace
+
+    policy = Policy(model, SimpleNamespace(eos_token_ids=[]), temperature=1.0, max_new_tokens=6)
+    assert policy.decode_attention == "auto"
+    replies = policy.generate(prompts, 3, row_ids=list(range(5)))
+    assert len(replies.tokens) == 5 and sampling.DEFAULT_SAMPLER.ragged_failure

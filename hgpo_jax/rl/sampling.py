@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from functools import partial
 from typing import NamedTuple, Sequence
@@ -718,6 +719,8 @@ class Sampler:
         self._programs: dict = {}
         self.compile_s = 0.0
         self.unroll_layers = unroll_layers  # see _sampling_model
+        # why decode='auto' no longer tries the ragged kernel here (its compile failed), or None
+        self.ragged_failure: str | None = None
 
     @property
     def num_compiles(self) -> int:
@@ -740,6 +743,8 @@ class Sampler:
         graphdef, state = nnx.split(model)
         mesh = mesh if mesh is not None else params_mesh(state)
         procs = _mesh_processes(mesh)
+        auto = decode == "auto"
+        decode = "einsum" if auto and self.ragged_failure else decode
         batches = _batches(len(prompts), max_rows, procs)
         if batches > 1:
             return self._generate_in_batches(
@@ -777,10 +782,10 @@ class Sampler:
         compile_s = 0.0
         if programs is None:
             t0 = time.perf_counter()
-            programs = self._compile(graphdef, static, args, mesh, state)
+            programs, static = self._compile_or_fall_back(graphdef, static, args, mesh, state, auto)
             compile_s = time.perf_counter() - t0
             self.compile_s += compile_s
-            self._programs[key] = programs
+            self._programs[key[:-1] + (static,)] = programs
 
         prefill, decode = programs
         t0 = time.perf_counter()
@@ -818,6 +823,25 @@ class Sampler:
             model_logprobs=[t for o in parts for t in o.model_logprobs],
             num_compiles=self.num_compiles, compile_s=sum(o.compile_s for o in parts),
             prefill_s=sum(o.prefill_s for o in parts), decode_s=sum(o.decode_s for o in parts))
+
+    def _compile_or_fall_back(self, graphdef, static: _Static, args, mesh, state, auto: bool):
+        """(programs, the static they were built for): `_compile`'s; where decode='auto' chose
+        the ragged kernel and it does not lower or compile on this device, the einsum decode
+        instead, said in one line on stderr, and this sampler's later 'auto' calls skip the
+        kernel (`ragged_failure`). A path never run on a device is never the silent default."""
+        try:
+            return self._compile(graphdef, static, args, mesh, state), static
+        except Exception as e:  # noqa: BLE001 (any lowering or compile error of the kernel)
+            if not (auto and static.decode_attention == "ragged"):
+                raise
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            self.ragged_failure = f"{type(e).__name__}: {first}"
+            print(f"hgpo-jax: the ragged decode kernel did not compile on this device "
+                  f"({self.ragged_failure}); the sampler decodes with einsum attention instead "
+                  "(rollout.decode_attention=einsum chooses it; docs/sampling.md)",
+                  file=sys.stderr, flush=True)
+            static = dataclasses.replace(static, decode_attention="einsum")
+            return self._compile(graphdef, static, args, mesh, state), static
 
     @staticmethod
     def _compile(graphdef, static: _Static, args, mesh, state):
