@@ -20,6 +20,7 @@ Options are declared once, as dataclass fields beside the method that checks the
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,9 +150,11 @@ class HAEOptions(ReturnOptions):
 
     def _own_problems(self, p: Problems) -> None:
         p.in_range("lam_seg", self.lam_seg, 0, 1, "in [0, 1]")
-        p.finite("keep_penalty", self.keep_penalty)
+        for name in ("keep_penalty", "keep_consistency_penalty"):  # added to the reward: <= 0
+            p.check(is_number(getattr(self, name)) and -math.inf < getattr(self, name) <= 0, name,
+                    getattr(self, name), "<= 0 (a penalty, added to the reward; the authors' "
+                    "runs: -0.3 ALFWorld, -3.5 WebShop)")
         p.one_of("keep_penalty_mode", self.keep_penalty_mode, KEEP_PENALTY_MODES)
-        p.finite("keep_consistency_penalty", self.keep_consistency_penalty)
 
 
 @dataclass

@@ -371,7 +371,12 @@ def guidance_problems(cfg, p: Problems) -> None:
     (`EnvSpec.whole_expert_guidance`: ALFWorld, as the authors')."""
     g, e = cfg.guidance, cfg.env
     if not g.enable:
+        p.check(g.sft_coef == 0, "guidance.sft_coef", g.sft_coef,
+                "0 without guidance (prefix SFT trains on replayed steps: set guidance.enable=true)")
         return
+    p.check(e.max_steps >= 2, "env.max_steps", e.max_steps,
+            ">= 2 with guidance.enable=true (a prefix replays at least one step, and an episode "
+            "the prefix ends has no turn of the policy to train)")
     has = env_has_experts(e.name)
     if has is False:
         p.add(f"guidance.enable=true: env {e.name!r} records no expert trajectories to replay "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from hgpo_jax.algo_specs import Options
-from hgpo_jax.problems import Problems, is_int
+from hgpo_jax.problems import Problems, is_int, is_number
 
 SIGMA_MODES = ("fixed_sigma", "dynamic_sigma")  # the authors': any mode but fixed is dynamic
 SAMPLE_MODES = ("gaussian", "uniform_fixed")
@@ -96,3 +96,16 @@ class GuidanceOptions(ScheduleOptions):
                 ">= 0 (an int)")
         p.non_negative("sft_coef", self.sft_coef, "0: no prefix SFT")
         p.one_of("expert_tasks", self.expert_tasks, EXPERT_TASKS)
+        # a run's schedule in the ranges where it means something (the schedule itself, as the
+        # authors', takes any finite values: `rl.guidance.GaussianSchedule`)
+        for name in ("batch_acc_low", "batch_acc_high", "alpha", "train_no_prefix_ratio",
+                     "initial_group_accuracy"):  # shares and success rates
+            p.in_range(name, getattr(self, name), 0, 1, "in [0, 1]")
+        for name in ("fixed_sigma", "sigma_min", "global_step_delta", "initial_group_variance"):
+            p.non_negative(name, getattr(self, name))
+        for low, high, why in (("mu_global_min", "mu_global_max", ": mu_global moves between them"),
+                               ("batch_acc_low", "batch_acc_high", "")):
+            a, b = getattr(self, low), getattr(self, high)
+            if is_number(a) and is_number(b):
+                p.check(a <= b, low, a, f"<= guidance.{high} ({b}){why}")
+

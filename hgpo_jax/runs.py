@@ -272,8 +272,33 @@ def check_run_folder(cfg, run_dir: str, kind: str, *, resume: bool, record: bool
     if found and kind == "rl":
         check_resumed_state(cfg, recorded.algo.estimator, run_dir)
     if found:
+        if "model.path" in changes:
+            check_resumed_model(cfg.model.path, run_dir)
         check_resumed_base(cfg, run_dir)
     return changes
+
+
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "vocab_size", "head_dim")
+
+
+def check_resumed_model(model_path: str, run_dir: str) -> None:
+    """A resumed run whose model.path changed (--allow-change) must keep its architecture: the
+    family and the shapes of the config.json its weights were trained on (`run_source`), or its
+    checkpoint cannot restore. ValueError naming both, before any weight loads."""
+    def architecture(folder: str) -> dict:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        return {k: data.get(k) for k in ARCHITECTURE_KEYS}
+
+    was_folder, now_folder = model_folder(run_source(run_dir)), model_folder(model_path)
+    was, now = architecture(was_folder), architecture(now_folder)
+    if was != now:
+        diff = ", ".join(f"{k} {was[k]} -> {now[k]}" for k in ARCHITECTURE_KEYS if was[k] != now[k])
+        raise ValueError(f"--resume: {run_dir} trained a {was['model_type']} model ({was_folder}) "
+                         f"and model.path={model_path} is a {now['model_type']} of another shape "
+                         f"({diff}); its checkpoint cannot restore there: resume with its own "
+                         "model.path, or start a new run from it (model.path=<the run folder>)")
 
 
 def base_identity(model_path: str) -> dict:

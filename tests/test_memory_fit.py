@@ -35,8 +35,9 @@ def test_fits_leaves_the_headroom_within_the_share_the_run_may_take():
     assert not fits(int(66.6 * GIB), CARD_80GB_BYTES, fraction=0.75)  # JAX's default: it failed
     keys = memory_keys(int(66.6 * GIB))
     assert keys == {"memory_fraction": pytest.approx(67.6 / 79.2, abs=1e-3),
-                    "device_memory_gib": 79.2, "fits_80gb": True}
+                    "device_memory_gib": 79.2, "fits_device": None, "fits_80gb": True}
     assert memory_keys(int(76 * GIB), int(141 * GIB))["fits_80gb"] is False  # an H200 present
+    assert memory_keys(int(76 * GIB), int(141 * GIB))["fits_device"] is True
     assert memory_keys(int(76 * GIB), int(141 * GIB))["memory_fraction"] == JAX_DEFAULT_FRACTION
 
 
@@ -196,4 +197,29 @@ def test_plan_reports_the_fraction_and_whether_an_80gb_card_fits(monkeypatch, ca
     monkeypatch.setenv(DEVICE_MEMORY_VAR, "1.25")  # the device present (simulated)
     assert main(["plan", "tiny_cpu_toy"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("  memory: peak ") and "on a device of 1.25 GiB; fits an 80 GB card: yes" in line
+    assert line.startswith("  memory: peak ") and (
+        "on a device of 1.25 GiB; fits this device: yes; fits an 80 GB card: yes") in line
+    # a device too small: the plan says so, as train decides (text and --json)
+    monkeypatch.setenv(DEVICE_MEMORY_VAR, "1.0")  # under the peak + 1 GiB headroom
+    assert main(["plan", "tiny_cpu_toy"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "fits this device: NO (train and eval refuse it); fits an 80 GB card: yes" in line
+    assert main(["plan", "tiny_cpu_toy", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert p["fits_device"] is False and p["fits_80gb"] is True
+
+
+@pytest.mark.parametrize("fraction", ["2", "0", "x"])
+def test_a_fraction_outside_0_1_is_refused_before_the_plan(tmp_path, monkeypatch, capsys,
+                                                           no_fraction, fraction):
+    from hgpo_jax.cli import main
+    from hgpo_jax.commands import fit
+
+    monkeypatch.setenv(DEVICE_MEMORY_VAR, "1")
+    monkeypatch.setenv(FRACTION_VAR, fraction)
+    monkeypatch.setattr(fit, "child_plan", lambda *a: pytest.fail("planned before the check"))
+    code = main(["train", "tiny_cpu_toy", f"train.run_dir={tmp_path}/run", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{FRACTION_VAR}='{fraction}'" in err and "a number in (0, 1]" in err
+    assert not (tmp_path / "run").exists()

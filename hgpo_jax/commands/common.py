@@ -69,19 +69,19 @@ def start_run(args, kind: str):
     (`command_config`) and its inputs checked (`trainers.checks.check_inputs`: the model folder,
     data, run folder); for "rl" on a GPU, the memory fraction set from its plan or the run refused
     (`commands.fit.fit_device`, before JAX starts); the multi-process job joined, the backend's
-    checks passed (`trainers.checks.check_attention`) and the config printed; returns (cfg, say),
+    checks passed (`trainers.checks.check_backend`) and the config printed; returns (cfg, say),
     say printing on process 0 only."""
     import jax
 
     from hgpo_jax.commands.fit import fit_device
-    from hgpo_jax.trainers.checks import check_attention, check_inputs
+    from hgpo_jax.trainers.checks import check_backend, check_inputs
 
     cfg = command_config(args)
     check_inputs(cfg, kind=kind, run_dir=cfg.run_path())  # before the plan: a typo fails at once
     if kind == "rl":  # the memory plan is the RL step's
         fit_device(args, kind, say=printer(not getattr(args, "process_id", None)))
     say = printer(start_distributed(args, cfg))
-    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
+    check_backend(cfg, jax.default_backend())
     say(format_config(cfg), flush=True)
     return cfg, say
 

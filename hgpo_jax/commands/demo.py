@@ -21,11 +21,16 @@ DEFAULT_PROMPT = ("Your task is to: put a clean mug in coffeemachine. You are in
 
 
 def check_demo_model(path: str) -> None:
-    """`demo --model PATH`: a Hugging Face folder (config.json) or an hgpo-jax run folder."""
+    """`demo --model PATH`: a Hugging Face folder (config.json), an hgpo-jax run folder, or a
+    model built on first use as every command takes them (tiny, build:<env>-<size>[/<family>])."""
+    from hgpo_jax.build import is_built_on_use
     from hgpo_jax.runs import is_run_dir
 
+    if is_built_on_use(path):
+        return
     if not os.path.exists(path):
-        raise FileNotFoundError(f"--model {path}: the folder does not exist")
+        raise FileNotFoundError(f"--model {path}: the folder does not exist (give a Hugging Face "
+                                "model folder, a run folder, tiny or build:<env>-<size>[/<family>])")
     if not (os.path.isfile(os.path.join(path, "config.json")) or is_run_dir(path)):
         raise FileNotFoundError(f"--model {path} is neither a Hugging Face model folder (no "
                                 "config.json) nor an hgpo-jax run folder (config.yaml and "

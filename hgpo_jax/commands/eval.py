@@ -18,7 +18,7 @@ def cmd_eval(args) -> int:
     from hgpo_jax.runs import latest_checkpoint
     import jax
 
-    from hgpo_jax.trainers.checks import check_attention, check_inputs, check_output_file
+    from hgpo_jax.trainers.checks import check_backend, check_inputs, check_output_file
     from hgpo_jax.trainers.rl import Trainer
 
     cfg = command_config(args)
@@ -30,7 +30,7 @@ def cmd_eval(args) -> int:
     fit_device(args, "eval", say=printer(not getattr(args, "process_id", None)))  # before JAX starts
     main = start_distributed(args, cfg)  # before latest_checkpoint, which reads checkpoints with JAX
     say = printer(main)
-    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
+    check_backend(cfg, jax.default_backend())
     run = os.path.abspath(args.config) if is_run_folder(args.config) else None
     found = latest_checkpoint(run) if run else None
     if run and found is None:

@@ -34,13 +34,13 @@ def fit_device(args, kind: str, say=print) -> None:
     device = device_memory_bytes()
     if device is None:
         return
+    user = os.environ.get(FRACTION_VAR)
+    fraction = user_fraction(user) if user else MAX_FRACTION  # a bad value: refused before the plan
     t0 = time.perf_counter()
     plan = child_plan(args.config, args.overrides)
     sampler = plan.get("sampler", {}).get("peak_gib")
     peak, program = run_peak(int(plan["train_step"]["peak_gib"] * GIB),
                              None if sampler is None else int(sampler * GIB), kind)
-    user = os.environ.get(FRACTION_VAR)
-    fraction = user_fraction(user) if user else MAX_FRACTION
     source = f" ({DEVICE_MEMORY_VAR})" if os.environ.get(DEVICE_MEMORY_VAR, "").strip() else ""
     if not fits(peak, device, fraction):
         raise ValueError(refusal(peak, device, fraction, what=args.config,
@@ -54,12 +54,13 @@ def fit_device(args, kind: str, say=print) -> None:
 
 
 def user_fraction(value: str) -> float:
-    """The user's XLA_PYTHON_CLIENT_MEM_FRACTION as a number > 0 (JAX reads it so)."""
+    """The user's XLA_PYTHON_CLIENT_MEM_FRACTION as a number in (0, 1] (a share of the device:
+    above 1, JAX would ask for more than the device has, and the plan's check would be moot)."""
     try:
         fraction = float(value)
     except ValueError:
         fraction = 0.0
-    if fraction <= 0:
+    if not 0 < fraction <= 1:
         raise ValueError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={value!r}: give the share of each GPU "
                          "JAX may take, a number in (0, 1] (e.g. 0.9), or unset it to have it set "
                          "from the memory plan")

@@ -52,7 +52,7 @@ def check_start(cfg, *, kind: str, run_dir: str | None, eval_splits: Sequence[st
     checked before weights load (see the module docstring). run_dir: the folder the command
     writes (None: not checked). eval_splits: the splits `eval` plays (default eval.splits; `eval
     --split S`: [S])."""
-    check_attention(cfg.model.attention, cfg.model.compute_dtype, jax.default_backend())
+    check_backend(cfg, jax.default_backend())
     check_inputs(cfg, kind=kind, run_dir=run_dir, eval_splits=eval_splits)
 
 
@@ -171,6 +171,34 @@ def check_attention(attention: str, compute_dtype: str, backend: str) -> None:
     if attention == "splash" and backend not in ("tpu", "cpu"):
         raise ValueError(f"model.attention=splash is a Pallas TPU kernel and cannot run on "
                          f"{backend}; {fix}")
+
+
+def check_backend(cfg, backend: str) -> None:
+    """What the config's attention paths need of JAX's `backend` (`check_attention`,
+    `check_decode_attention`)."""
+    check_attention(cfg.model.attention, cfg.model.compute_dtype, backend)
+    check_decode_attention(cfg.rollout.decode_attention, cfg.model.attention,
+                           cfg.model.compute_dtype, backend)
+
+
+def check_decode_attention(decode: str, attention: str, compute_dtype: str, backend: str) -> None:
+    """`rollout.decode_attention=ragged` can run here: the Pallas GPU kernel on a GPU, after a
+    fused prefill (right-padded prompts: `model.attention` resolving to a fused path). Off a GPU
+    the kernel runs only through Pallas's interpreter (the tests'), so a run is refused."""
+    if decode != "ragged":
+        return
+    fix = "use rollout.decode_attention=auto (the kernel where it runs) or einsum"
+    if backend != "gpu":
+        raise ValueError(f"rollout.decode_attention=ragged is a Pallas GPU kernel and JAX's "
+                         f"backend here is {backend} (off a GPU it runs only interpreted, in "
+                         f"tests); {fix}")
+    from hgpo_jax.models.decoder import resolve_attention
+
+    if resolve_attention(attention, compute_dtype, 128, backend) == "einsum":
+        raise ValueError(f"rollout.decode_attention=ragged needs a fused prefill (right-padded "
+                         f"prompts), and model.attention={attention} with model.compute_dtype="
+                         f"{compute_dtype} prefills with einsum; set model.attention=auto with "
+                         f"bfloat16 activations, or {fix}")
 
 
 # ------------------------------------------------------------------------------------- the data

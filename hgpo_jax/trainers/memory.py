@@ -90,10 +90,12 @@ def run_peak(update_bytes: int, sampler_bytes: int | None = None, kind: str = "r
 def memory_keys(peak_bytes: int, device_bytes: int | None = None) -> dict:
     """What `plan` reports of a peak per device: `memory_fraction` (the share a run would set on
     a device of `device_bytes`; None: an 80 GB card's 79.2 GiB), `device_memory_gib` (that
-    device's) and `fits_80gb` (whether it fits an 80 GB card)."""
+    device's), `fits_device` (whether it fits that device, as `train` decides; None without one)
+    and `fits_80gb` (whether it fits an 80 GB card)."""
     device = device_bytes or CARD_80GB_BYTES
     return {"memory_fraction": memory_fraction(peak_bytes, device),
             "device_memory_gib": round(device / GIB, 2),
+            "fits_device": fits(peak_bytes, device_bytes) if device_bytes else None,
             "fits_80gb": fits(peak_bytes, CARD_80GB_BYTES)}
 
 
@@ -101,8 +103,10 @@ def memory_line(peak_bytes: int, device_bytes: int | None = None) -> str:
     """`memory_keys` as the printed plan's line."""
     keys = memory_keys(peak_bytes, device_bytes)
     room = MAX_FRACTION * CARD_80GB_BYTES - HEADROOM_BYTES
+    here = ("" if keys["fits_device"] is None else
+            f"; fits this device: {'yes' if keys['fits_device'] else 'NO (train and eval refuse it)'}")
     return (f"  memory: peak {peak_bytes / GIB:.2f} GiB per device -> {FRACTION_VAR}="
-            f"{keys['memory_fraction']} on a device of {keys['device_memory_gib']} GiB; fits an "
+            f"{keys['memory_fraction']} on a device of {keys['device_memory_gib']} GiB{here}; fits an "
             f"80 GB card: {'yes' if keys['fits_80gb'] else 'no'} (at most {room / GIB:.1f} GiB: "
             f"{MAX_FRACTION} of {CARD_80GB_BYTES / GIB:.1f}, less {HEADROOM_BYTES / GIB:.0f} GiB "
             "headroom)")
