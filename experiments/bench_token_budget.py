@@ -6,7 +6,7 @@ real ALFWorld rollout shapes. A benchmark: nothing asserted.
     # 2. padding and update + log-prob time, fixed (key 0) vs token budgets, laptop model
     python experiments/bench_token_budget.py --budgets 0,2176,4352,8704
 
---collect N runs N rollout iterations of experiments/configs/alfworld_laptop_rl.yaml (16 episodes
+--collect N runs N rollout iterations of hgpo_jax/configs/alfworld_laptop_rl.yaml (16 episodes
 of at most 50 steps each, temperature 0.4) from docs/results/alfworld_laptop/warm_start (rebuilt
 by `python experiments/alfworld_laptop.py --stage sft`: weights are not kept in git) on the
 train split and writes every row's prompt and response length to LENGTHS (JSON).

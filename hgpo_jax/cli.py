@@ -1,7 +1,7 @@
 """The `hgpo-jax` command line.
 
     hgpo-jax train CONFIG|RUN_DIR [key=value ...] [--resume [--allow-change]]
-        Train (CONFIG: a name from experiments/configs, or a YAML path). Metrics go to
+        Train (CONFIG: a name from hgpo_jax/configs, or a YAML path). Metrics go to
         RUN_DIR/metrics.jsonl and RUN_DIR/tb, checkpoints to RUN_DIR/checkpoints; `train RUN_DIR
         --resume` goes on with a run where its folder lies (docs/training.md, "Run folders").
     hgpo-jax eval CONFIG|RUN_DIR [key=value ...] [--split S] [--games N] [--json] [--episodes PATH]
@@ -18,6 +18,8 @@
         merged, or its adapters alone as a PEFT folder (--adapter).
     hgpo-jax plan CONFIG [key=value ...]
         Compile the train step ahead of time for the config's mesh and print memory per device.
+    hgpo-jax configs [PATTERN]
+        The configs shipped with the package (their names are what CONFIG takes).
     hgpo-jax demo [--model DIR|RUN_DIR] [--prompt TEXT] [--max-new-tokens N] [--temperature T]
         Build (or load) a checkpoint (a HF folder of any supported family or a run's latest
         policy), decode a reply
@@ -74,7 +76,7 @@ def _add_dist_flags(p) -> None:
 def _add_run_command(sub, name: str, help: str, example: str, func) -> None:
     """A command that starts or resumes a run from a config (train, sft)."""
     p = sub.add_parser(name, help=help)
-    p.add_argument("config", help="config name (experiments/configs) or YAML path")
+    p.add_argument("config", help="config name (hgpo_jax/configs) or YAML path")
     p.add_argument("overrides", nargs="*", help=f"key=value overrides, e.g. {example}")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in train.run_dir (or the run folder given as CONFIG) "
@@ -160,10 +162,31 @@ def build_parser() -> argparse.ArgumentParser:
                     help="step limit (default: the run's env.max_steps)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
+    cf = sub.add_parser("configs", help="list the configs shipped with the package (train, eval, "
+                                        "sft and plan take their names)")
+    cf.add_argument("pattern", nargs="?", default="", help="only names containing this")
+    cf.set_defaults(func=cmd_configs)
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true",
                              help="on an error, show the whole traceback (not one line)")
     return parser
+
+
+def cmd_configs(args) -> int:
+    """The shipped configs' names (package data: hgpo_jax/configs), one per line, with their
+    first comment line."""
+    from hgpo_jax.config import CONFIG_DIR, available_configs
+
+    names = [n for n in available_configs() if args.pattern in n]
+    if not names:
+        raise ValueError(f"no shipped config name contains {args.pattern!r}; "
+                         "`hgpo-jax configs` lists them all")
+    width = max(map(len, names))
+    for name in names:
+        with open(os.path.join(CONFIG_DIR, f"{name}.yaml"), encoding="utf-8") as f:
+            first = next((line[1:].strip() for line in f if line.startswith("#")), "")
+        print(f"{name:<{width}}  {first[:100]}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

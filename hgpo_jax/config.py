@@ -6,7 +6,7 @@
     cfg = load_config()                        # the defaults (the paper's 1.5B HGPO K=2 run)
 
 A YAML file holds any subset of the sections below (missing keys keep their defaults) and may
-name a `base:` config to inherit from (a bare name = `experiments/configs/{name}.yaml`, or a path,
+name a `base:` config to inherit from (a bare name = `hgpo_jax/configs/{name}.yaml`, or a path,
 relative paths resolved from the including file's folder); the base is applied first, then the
 file's own keys, then the overrides. If the loaded file (not its bases) sets no `name`, the name
 is the file's stem. Override values are read with `yaml.safe_load` (`algo.K=4`, `optim.lr=1e-6`,
@@ -45,8 +45,7 @@ from hgpo_jax.metrics import write_atomically
 from hgpo_jax.micro_batches import largest_divisor_at_most
 from hgpo_jax.problems import Problems, suggest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")  # package data
 BASE_KEY = "base"
 RUN_CONFIG_FILE = "config.yaml"  # a run folder's copy of its config (written with save_config)
 RUN_CHANGES_FILE = "config_changes.jsonl"  # what later resumes changed, one JSON line per resume
@@ -475,7 +474,7 @@ def switch_algorithm(cfg: Config, estimator: Any, given: dict[str, str]) -> None
 
 # ------------------------------------------------------------------------------------- files
 def available_configs() -> list[str]:
-    """Names of the configs shipped in experiments/configs."""
+    """Names of the configs shipped in hgpo_jax/configs."""
     if not os.path.isdir(CONFIG_DIR):
         return []
     return sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
@@ -484,7 +483,7 @@ def available_configs() -> list[str]:
 def resolve_config_path(source: str, relative_to: str | None = None) -> str:
     """Absolute path of a YAML file given as a path, a run folder or a bare config name.
 
-    A run folder means its config.yaml; a bare name, experiments/configs/{name}.yaml. Relative
+    A run folder means its config.yaml; a bare name, hgpo_jax/configs/{name}.yaml. Relative
     paths are tried against `relative_to` (a folder) first, then the working directory.
     """
     if is_run_folder(source):
@@ -600,7 +599,7 @@ def load_config(source: str | None = None, overrides: Sequence[str] = ()) -> Con
 
     Args:
       source: a YAML path, a run folder holding config.yaml, a bare name of
-        experiments/configs/{name}.yaml, or None (defaults).
+        hgpo_jax/configs/{name}.yaml, or None (defaults).
       overrides: `section.key=value` strings applied in order.
     Raises:
       ConfigError (a ValueError) naming the key and how to fix it.

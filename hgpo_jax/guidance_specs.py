@@ -7,7 +7,7 @@ Agent-G² (Wang, Miao et al. 2026) replays the first steps of an expert trajecto
 rollout; how deep is drawn per task from a Gaussian whose centre and spread are estimated online
 per difficulty cluster (`hgpo_jax.rl.guidance`, docs/guidance.md). Its options keep the authors'
 key names (their `gmsv:` block, ZJU-REAL/Agent-G2 at 1df588f) and their yaml's defaults;
-`experiments/configs/g2_*` set their scripts' values. The config sits below the RL core, so the
+`hgpo_jax/configs/g2_*` set their scripts' values. The config sits below the RL core, so the
 declarations live here, below both, beside `algo_specs`.
 """
 

@@ -1,5 +1,5 @@
 """hgpo_jax.config: defaults, YAML files, inheritance, overrides, strict typing, validation, and
-every shipped experiments/configs/*.yaml with its paper values."""
+every shipped hgpo_jax/configs/*.yaml with its paper values."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def test_fixed_micro_weights_reproduce_the_mean_of_micro_batch_aggregates():
 
 
 def test_every_gpu_paper_config_has_a_token_budget():
-    """Every experiments/configs/*_qwen* config (the Qwen2.5 and Qwen3 presets of every
+    """Every hgpo_jax/configs/*_qwen* config (the Qwen2.5 and Qwen3 presets of every
     algorithm, run on GPUs) forms its update's and log-prob passes' micro-batches by a token
     budget (the values and why: docs/training.md, "Token-budget micro-batches"); the CPU configs
     keep the authors' fixed micro-batches."""
