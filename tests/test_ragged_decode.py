@@ -229,3 +229,33 @@ def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
     assert policy.decode_attention == "auto"
     replies = policy.generate(prompts, 3, row_ids=list(range(5)))
     assert len(replies.tokens) == 5 and sampling.DEFAULT_SAMPLER.ragged_failure
+
+
+def test_auto_attention_takes_a_fused_kernel_only_where_it_compiles(models, monkeypatch, capsys):
+    """model.attention=auto on a backend whose fused kernel does not compile (here: the CPU
+    playing a GPU, so cuDNN is tried and fails): one line, and einsum for training and the
+    sampler's prefill; planning for another platform never probes."""
+    from hgpo_jax.models import decoder
+    from hgpo_jax.rl import sampling
+
+    decoder.fused_attention_failure.cache_clear()
+    monkeypatch.setattr(decoder.jax, "default_backend", lambda: "gpu")
+    try:
+        assert decoder.resolve_attention("auto", "bfloat16", 128) == "einsum"
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cudnn attention does not compile on this gpu device" in err
+        assert decoder.resolve_attention("auto", "bfloat16", 128) == "einsum"  # probed once
+        assert capsys.readouterr().err == ""
+        assert decoder.resolve_attention("cudnn", "bfloat16", 128) == "cudnn"  # by name: as asked
+        folder, _ = models["tied_gqa2"]
+        model = load_pretrained(folder, attention="auto", dtype="bfloat16",
+                                compute_dtype="bfloat16")
+        assert sampling.prefill_path(model) == "einsum"  # its head size: probed for it
+        assert "cudnn attention does not compile" in capsys.readouterr().err
+    finally:
+        decoder.fused_attention_failure.cache_clear()
+    monkeypatch.undo()
+    # the plan of a GPU run on this CPU: cuDNN, no probe
+    assert decoder.resolve_attention("auto", "bfloat16", 128, platform="gpu") == "cudnn"
+    assert decoder.fused_attention_failure("xla", "float32", 16) is None  # compiles here
+    assert capsys.readouterr().err == ""

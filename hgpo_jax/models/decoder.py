@@ -21,7 +21,9 @@ and RoPE positions count real tokens only, so a left-padded row gives the logits
 
 from __future__ import annotations
 
+import functools
 import numbers
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -167,10 +169,36 @@ def resolve_attention(impl: str, dtype, head_size: int, platform: str | None = N
         return impl
     if platform == "tpu":
         ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float32) and head_size % 128 == 0
-        return "splash" if ok else "einsum"
-    ok = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-          and head_size % 8 == 0 and head_size <= 128)
-    return "cudnn" if ok else "einsum"
+        path = "splash" if ok else "einsum"
+    else:
+        ok = (platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+              and head_size % 8 == 0 and head_size <= 128)
+        path = "cudnn" if ok else "einsum"
+    if path != "einsum" and platform == jax.default_backend() \
+            and fused_attention_failure(path, jnp.dtype(dtype).name, head_size):
+        return "einsum"  # the kernel does not compile on this device: said once, not chosen
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def fused_attention_failure(impl: str, dtype: str, head_size: int) -> str | None:
+    """Why the fused attention `impl` ('cudnn', 'splash') does not compile on this process's
+    default device for `dtype` and `head_size` (one line, also printed once on stderr), or None
+    where it does: `resolve_attention`'s 'auto' takes a fused kernel only where it compiled
+    here, so a path that never ran on this hardware is never the silent default. The probe
+    compiles one small causal attention (2 rows, 256 tokens, 2 heads), once per process."""
+    shape = jax.ShapeDtypeStruct((2, 256, 2, head_size), jnp.dtype(dtype))
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+    try:
+        jax.jit(functools.partial(fused_attention, impl=impl)).lower(shape, shape, shape, lengths).compile()
+        return None
+    except Exception as e:  # noqa: BLE001 (any lowering or compile error of the kernel)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        why = f"{type(e).__name__}: {first}"
+        print(f"hgpo-jax: {impl} attention does not compile on this {jax.default_backend()} "
+              f"device ({why}); model.attention=auto takes einsum attention instead",
+              file=sys.stderr, flush=True)
+        return why
 
 
 @jax.custom_vjp
