@@ -523,3 +523,15 @@ def test_papers_statistics_need_the_penalty_in_the_reward():
     assert load_config(None, ["algo.stats=paper"]).algo.estimator == "hgpo"  # no episode term
     with pytest.raises(ConfigError, match="penalty_placement=reward"):
         load_config(None, ["algo.stats=paper", "algo.base_group=true"])
+
+
+def test_the_configs_ship_inside_the_package_and_the_configs_command_lists_them(capsys):
+    import hgpo_jax
+    from hgpo_jax.cli import main
+
+    assert os.path.dirname(CONFIG_DIR) == os.path.dirname(os.path.abspath(hgpo_jax.__file__))
+    assert main(["configs", "7b_lora"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == [n for n in available_configs() if "7b_lora" in n] and len(names) == 4
+    assert main(["configs", "no-such-name"]) == 2
+    assert "no shipped config name contains 'no-such-name'" in capsys.readouterr().err
