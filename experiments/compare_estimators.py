@@ -106,12 +106,21 @@ def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: i
            iterations: int, extra: list[str], arms: dict | None = None) -> list[dict]:
     """One method's RL run (`arms[name]`'s overrides, default ESTIMATORS) from the seed's warm
     start on toy_hgpo: reused when finished, resumed from its checkpoints when cut."""
-    from hgpo_jax.trainers.rl import Trainer
-
     run_dir = os.path.join(out, "runs", f"{name}-s{seed}")
     if os.path.isfile(os.path.join(run_dir, "done")):
         return read_metrics(run_dir)
-    cfg = rl_config(run_dir, name, seed, sft_dir, env, memory_len, iterations, extra, arms)
+    train_to_the_end(rl_config(run_dir, name, seed, sft_dir, env, memory_len, iterations, extra,
+                               arms), run_dir, iterations)
+    open(os.path.join(run_dir, "done"), "w").close()
+    return read_metrics(run_dir)
+
+
+def train_to_the_end(cfg, run_dir: str, iterations: int) -> None:
+    """Train `cfg` in `run_dir` (resumed from its checkpoints when cut) up to `iterations`; a run
+    the trainer stopped early (SIGTERM: it saved and returned) ends the study with the command
+    to resume it, so it is never taken as done."""
+    from hgpo_jax.trainers.rl import Trainer
+
     checkpoints = os.path.join(run_dir, "checkpoints")
     resume = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
     with Trainer(cfg, resume=resume, progress=False) as trainer:
@@ -120,8 +129,6 @@ def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: i
     if reached < iterations:  # SIGTERM: the trainer saved and stopped early
         raise SystemExit(f"{run_dir}: stopped at iteration {reached} of {iterations}; run the "
                          "same command again to resume it")
-    open(os.path.join(run_dir, "done"), "w").close()
-    return read_metrics(run_dir)
 
 
 def run_seconds(records: list[dict]) -> float:

@@ -44,7 +44,7 @@ for path in (ROOT, os.path.join(ROOT, "experiments")):
         sys.path.insert(0, path)
 
 from compare_estimators import (mean_ci, plot_success, run_seconds,  # noqa: E402
-                                write_results)
+                                train_to_the_end, write_results)
 
 from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.metrics import read_metrics  # noqa: E402
@@ -85,8 +85,9 @@ def warm_start(args, sft_config: str) -> str:
 
 
 def run_rl(args, name: str, seed: int) -> list[dict]:
-    from hgpo_jax.trainers.rl import Trainer
-
+    """One method's RL run from its warm start: reused when finished, resumed when cut, and
+    never taken as done when the trainer stopped early (`compare_estimators.train_to_the_end`);
+    then its final evaluation."""
     sft_config, rl_config, extra = METHODS[name]
     run_dir = os.path.join(args.out, "runs", f"{name}-s{seed}")
     if os.path.isfile(os.path.join(run_dir, "done")):
@@ -94,10 +95,7 @@ def run_rl(args, name: str, seed: int) -> list[dict]:
     overrides = [f"model.path={os.path.join(args.out, 'runs', sft_config)}", *env_overrides(args),
                  f"train.seed={seed}", f"train.iterations={args.iterations}",
                  f"train.run_dir={run_dir}", *extra]
-    cfg = load_config(rl_config, overrides)
-    resume = os.path.isdir(os.path.join(run_dir, "checkpoints"))
-    with Trainer(cfg, resume=resume, progress=False) as trainer:
-        trainer.train()
+    train_to_the_end(load_config(rl_config, overrides), run_dir, args.iterations)
     final_eval(run_dir)
     open(os.path.join(run_dir, "done"), "w").close()
     return read_metrics(run_dir)
