@@ -78,7 +78,7 @@ def prefix_sft_rows(batch, agent: Agent, tokenizer, max_response: int | None = N
     `sft_prompts=True`): one per replayed step of each kept episode, in episode order, weight
     1 / the episode's prefix length; its response: `reply_ids`. A batch without replayed-step
     prompts (`episode_prefix_turns` None) is an error that says how to collect them."""
-    turns = getattr(batch, "episode_prefix_turns", None)
+    turns = batch.episode_prefix_turns
     if turns is None:
         raise ValueError("prefix SFT needs the replayed steps' prompts: collect the rollouts with "
                          "collect_rollouts(..., sft_prompts=True)")

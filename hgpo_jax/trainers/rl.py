@@ -292,6 +292,7 @@ class Trainer(Run):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
+        self._tasks: list = []  # the last collected iteration's tasks (`collect`)
         try:  # a failure past this point must still close the checkpointer and logger
             # whole groups per process (group statistics never need another process's envs)
             self.groups = dist.process_share(r.num_groups, "rollout.num_groups")

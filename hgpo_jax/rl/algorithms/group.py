@@ -32,13 +32,6 @@ def diagnostic_metrics(columns, valid, options: GroupOptions, prefix_anchors=Non
     return out
 
 
-def prefix_anchors_of(batch) -> dict | None:
-    """A rollout batch's replayed-prefix anchors by trajectory (`RolloutBatch.prefix_anchors`;
-    None for a batch without them, e.g. a test's stand-in)."""
-    of = getattr(batch, "prefix_anchors", None)
-    return of() if callable(of) else None
-
-
 class GroupAlgorithm(Algorithm):
     """The group estimators, with their options checked once (`GroupOptions.of(cfg.algo)`); with
     `train.diagnostics`, each estimator's bias against the oracle; always, the fraction of rows
@@ -55,14 +48,15 @@ class GroupAlgorithm(Algorithm):
         if n == 0:  # a process whose envs all failed still takes part, with inert rows only
             return Advantages(out, np.zeros(0, np.float32))
         columns = (b.task_id, b.traj_id, b.step_id, b.anchor, b.reward)
+        prefix = b.prefix_anchors()  # a guided batch's replayed anchors by trajectory, or None
         adv = compute_step_advantages(self.spec.name, *columns, valid=b.valid, options=self.options,
-                                      prefix_anchors=prefix_anchors_of(b))
+                                      prefix_anchors=prefix)
         out[:n] = adv
-        row_means = diagnostic_metrics(columns, b.valid, self.options, prefix_anchors_of(b)) \
+        row_means = diagnostic_metrics(columns, b.valid, self.options, prefix) \
             if self.diagnostics else {}
         thresh = self.options.similarity_thresh if self.spec.name in ("gigpo", "hgpo") else None
         levels = hierarchy_stats(b.task_id, b.traj_id, b.step_id, b.anchor, K=self.options.K,
-                                 prefix_anchors=prefix_anchors_of(b), similarity_thresh=thresh)
+                                 prefix_anchors=prefix, similarity_thresh=thresh)
         for k, frac in enumerate(levels):
             row_means[f"hierarchy/level{k}_grouped_fraction"] = float(frac)
         return Advantages(out, adv, row_means)
