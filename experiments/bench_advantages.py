@@ -32,7 +32,7 @@ from reference_advantages import reference_step_advantages  # noqa: E402
 from hgpo_jax.rl import compute_step_advantages  # noqa: E402
 from hgpo_jax.rl.advantages import step_advantages_from_index  # noqa: E402
 from hgpo_jax.rl.grouping import (  # noqa: E402
-    build_step_groups,
+    index_step_groups,
     build_trajectory_groups,
     discounted_returns,
     prepare_batch,
@@ -115,7 +115,7 @@ def bench_scaling(sizes: list[int], group_size: int, length: int, K: int, repeat
         def host():
             b = prepare_batch(batch["task_ids"], batch["traj_ids"], batch["step_ids"], batch["anchors"],
                               batch["rewards"])
-            return b, discounted_returns(b, 0.95), build_step_groups(b, K)
+            return b, discounted_returns(b, 0.95), index_step_groups(b, K)
 
         run = lambda: compute_step_advantages("hgpo", **batch, K=K)  # noqa: E731
         run()  # warm-up (compiles this bucket)

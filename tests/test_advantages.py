@@ -21,7 +21,7 @@ from hgpo_jax.rl import (  # noqa: E402
     PENALTY_PLACEMENTS,
     STATS,
     GroupIndex,
-    build_step_groups,
+    index_step_groups,
     compute_step_advantages,
     device_step_advantages,
     discounted_returns,
@@ -148,7 +148,7 @@ def test_hgpo_K0_is_gigpo_without_episode_term(rows, kw):
 @given(rows=batches(), K=st.integers(0, 3))
 def test_group_index_layout(rows, K):
     batch = prepare_batch(*columns(rows))
-    index = build_step_groups(batch, K)
+    index = index_step_groups(batch, K)
     n = len(rows)
     assert index.ids.dtype == np.int32 and index.ids.shape == (n, K + 1)
     assert index.sizes.dtype == np.int32 and index.sizes.shape == (index.num_groups,)
@@ -350,7 +350,7 @@ def test_levels_need_t_at_least_k():
     # trajectories of length 2 with K = 3: levels 2 and 3 never exist
     rows = [("T", tr, t, "a", float(tr == "x" and t == 1)) for tr in "xyz" for t in range(2)]
     batch = prepare_batch(*columns(rows))
-    index = build_step_groups(batch, 3)
+    index = index_step_groups(batch, 3)
     assert isinstance(index, GroupIndex)
     np.testing.assert_array_equal(index.ids[:, 2:], -1)
     np.testing.assert_array_equal(index.ids[batch.step == 0, 1], -1)

@@ -12,7 +12,7 @@ from hgpo_jax.envs.pool import EnvPool
 from hgpo_jax.envs.toy import WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
-from hgpo_jax.rl.grouping import build_step_groups, prepare_batch
+from hgpo_jax.rl.grouping import index_step_groups, prepare_batch
 from hgpo_jax.rl.rollout import collect_rollouts
 from toy_policies import ScriptedToyPolicy
 
@@ -102,13 +102,13 @@ def test_hgpo_levels_read_the_replayed_anchors_as_history(K):
         for j, a in enumerate(seq):
             task.append(t // 4), traj.append(t), step.append(j), anchor.append(a)
             policy_row.append(j >= m)
-    full = build_step_groups(prepare_batch(task, traj, step, anchor), K)
+    full = index_step_groups(prepare_batch(task, traj, step, anchor), K)
     full_rows = prepare_batch(task, traj, step, anchor).order  # canonical -> input
     keep = np.asarray(policy_row)
     sub = [np.asarray(x)[keep] for x in (task, traj, step, anchor)]
     sub[2] = sub[2] - np.asarray([len(prefix[t]) for t in sub[1]])
     b = prepare_batch(*sub, prefix_anchors=prefix)
-    guided = build_step_groups(b, K)
+    guided = index_step_groups(b, K)
     # both in input order of the policy rows
     full_in = np.empty_like(full.ids)
     full_in[full_rows] = full.ids
@@ -117,7 +117,7 @@ def test_hgpo_levels_read_the_replayed_anchors_as_history(K):
     guided_in[b.order] = guided.ids
     for k in range(K + 1):
         assert partition(guided_in[:, k]) == partition(full_policy[:, k]), k
-    without = build_step_groups(prepare_batch(*sub), K)
+    without = index_step_groups(prepare_batch(*sub), K)
     assert (without.ids >= 0).sum() < (guided.ids >= 0).sum() or not any(prefix.values())
     adv = compute_step_advantages("hgpo", *sub, np.ones(len(sub[0])), K=K, prefix_anchors=prefix)
     assert adv.shape == (len(sub[0]),) and np.isfinite(adv).all()

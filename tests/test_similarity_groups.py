@@ -37,7 +37,7 @@ from hgpo_jax.algo_specs import GroupOptions  # noqa: E402
 from hgpo_jax.config import load_config  # noqa: E402
 from hgpo_jax.config_checks import ConfigError  # noqa: E402
 from hgpo_jax.rl import (  # noqa: E402
-    build_step_groups,
+    index_step_groups,
     compute_step_advantages,
     hierarchy_stats,
     prepare_batch,
@@ -83,7 +83,7 @@ def step_groups(task_ids, traj_ids, step_ids, anchors, t, K=0, prefix_anchors=No
     """Step groups [N, K+1] in input order (-1: none)."""
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, prefix_anchors=prefix_anchors,
                           keep_anchor_values=True)
-    ids = build_step_groups(batch, K, t).ids
+    ids = index_step_groups(batch, K, t).ids
     out = np.empty_like(ids)
     out[batch.order] = ids
     return out
@@ -305,7 +305,7 @@ def test_threshold_none_is_the_exact_grouping(cols, estimator, K):
         compute_step_advantages(estimator, task, traj, step, anchors, rewards, K=K,
                                 similarity_thresh=None), plain)
     batch = prepare_batch(task, traj, step, anchors)
-    a, b = build_step_groups(batch, K), build_step_groups(batch, K, None)
+    a, b = index_step_groups(batch, K), index_step_groups(batch, K, None)
     np.testing.assert_array_equal(a.ids, b.ids)
     np.testing.assert_array_equal(a.sizes, b.sizes)
     # grpo and rloo have no step groups: a threshold changes nothing
@@ -406,7 +406,7 @@ def test_threshold_needs_text_anchors():
     compute_step_advantages("hgpo", ["T", "T"], ["a", "b"], [0, 0], np.array(["x", "y"]),
                             [0.0, 1.0], similarity_thresh=0.9)
     with pytest.raises(ValueError, match="keep_anchor_values"):
-        build_step_groups(prepare_batch(["T"], ["a"], [0], ["x"]), 0, 0.9)
+        index_step_groups(prepare_batch(["T"], ["a"], [0], ["x"]), 0, 0.9)
 
 
 def test_config_key():

@@ -180,6 +180,12 @@ def resolve_attention(impl: str, dtype, head_size: int, platform: str | None = N
     return path
 
 
+def failure_line(error: Exception) -> str:
+    """A kernel's lowering or compile error as one short line: its type and its first line."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return f"{type(error).__name__}: {first}"
+
+
 @functools.lru_cache(maxsize=None)
 def fused_attention_failure(impl: str, dtype: str, head_size: int) -> str | None:
     """Why the fused attention `impl` ('cudnn', 'splash') does not compile on this process's
@@ -193,8 +199,7 @@ def fused_attention_failure(impl: str, dtype: str, head_size: int) -> str | None
         jax.jit(functools.partial(fused_attention, impl=impl)).lower(shape, shape, shape, lengths).compile()
         return None
     except Exception as e:  # noqa: BLE001 (any lowering or compile error of the kernel)
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        why = f"{type(e).__name__}: {first}"
+        why = failure_line(e)
         print(f"hgpo-jax: {impl} attention does not compile on this {jax.default_backend()} "
               f"device ({why}); model.attention=auto takes einsum attention instead",
               file=sys.stderr, flush=True)

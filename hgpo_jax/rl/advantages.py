@@ -53,7 +53,7 @@ from hgpo_jax.rl.grouping import (
     GroupIndex,
     StepBatch,
     build_row_task_groups,
-    build_step_groups,
+    index_step_groups,
     build_trajectory_groups,
     discounted_returns,
     episode_returns,
@@ -374,7 +374,7 @@ def compute_step_advantages(estimator: str, task_ids, traj_ids, step_ids, anchor
     if batch.num_steps == 0:
         return np.zeros(0, np.float32)
     returns, score = penalized_returns(batch, o.gamma, o.invalid_penalty, o.penalty_placement)
-    step_index = build_step_groups(batch, o.K if estimator == "hgpo" else 0, thresh) if steps else None
+    step_index = index_step_groups(batch, o.K if estimator == "hgpo" else 0, thresh) if steps else None
     if o.stats == "verl-agent":  # one episode value per row
         episode, episode_index, ep_of_row = score, build_row_task_groups(batch), np.arange(batch.num_steps)
     else:  # one episode value per trajectory

@@ -359,7 +359,7 @@ def history_starts(batch: StepBatch) -> np.ndarray:
     return ids
 
 
-def build_step_groups(batch: StepBatch, K: int, similarity_thresh: float | None = None) -> GroupIndex:
+def index_step_groups(batch: StepBatch, K: int, similarity_thresh: float | None = None) -> GroupIndex:
     """The hgpo hierarchy as a GroupIndex over canonical rows: ids int32 [N, K+1].
 
     Level k of step t groups steps with the same task and the same anchors at t, t-1, ..., t-k;
@@ -540,4 +540,4 @@ def hierarchy_stats(task_ids, traj_ids, step_ids, anchors, K: int = 2,
     _check_K(K)
     batch = prepare_batch(task_ids, traj_ids, step_ids, anchors, prefix_anchors=prefix_anchors,
                           keep_anchor_values=similarity_thresh is not None)
-    return level_coverage(build_step_groups(batch, K, similarity_thresh))
+    return level_coverage(index_step_groups(batch, K, similarity_thresh))

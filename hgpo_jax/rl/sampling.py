@@ -48,7 +48,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.distributed import local_rows, max_over_processes
-from hgpo_jax.models.decoder import KVCache, cast_to_compute, relayout_layers, resolve_attention
+from hgpo_jax.models.decoder import (KVCache, cast_to_compute, failure_line, relayout_layers,
+                                     resolve_attention)
 from hgpo_jax.models.gpu_attention import ragged_slots
 from hgpo_jax.models.lora import merge_params
 from hgpo_jax.models.xla_options import compiler_options
@@ -811,9 +812,7 @@ class Sampler:
             raise ValueError("generating in batches of max_rows on several processes needs "
                              "row_ids (one per prompt), so that the rows' draws stay independent")
         ids = list(range(len(prompts))) if row_ids is None else list(row_ids)
-        if len(ids) != len(prompts):
-            raise ValueError(f"row_ids must hold one integer >= 0 per prompt ({len(prompts)}), "
-                             f"got {row_ids!r}")
+        _row_ids(ids, len(prompts), len(prompts), 1)  # one id >= 0 per prompt, checked whole
         parts = [self.generate(model, prompts[b * max_rows:(b + 1) * max_rows], max_new_tokens,
                                row_ids=ids[b * max_rows:(b + 1) * max_rows], **kw)
                  for b in range(batches)]
@@ -834,8 +833,7 @@ class Sampler:
         except Exception as e:  # noqa: BLE001 (any lowering or compile error of the kernel)
             if not (auto and static.decode_attention == "ragged"):
                 raise
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            self.ragged_failure = f"{type(e).__name__}: {first}"
+            self.ragged_failure = failure_line(e)
             print(f"hgpo-jax: the ragged decode kernel did not compile on this device "
                   f"({self.ragged_failure}); the sampler decodes with einsum attention instead "
                   "(rollout.decode_attention=einsum chooses it; docs/sampling.md)",
