@@ -104,8 +104,9 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
     try:
         from hgpo_jax.envs.registry import get_env
 
-        tokenizer = train_tokenizer(env_corpus(env, build_agent(path)),
-                                    get_env(env).built_model.vocab)
+        built = get_env(env).built_model
+        tokenizer = train_tokenizer(env_corpus(env, build_agent(path)), built.vocab,
+                                    isolate=built.isolate)
         build_model(tmp, tokenizer, size, seed=seed, family=build_family(path))
         try:
             os.rename(tmp, folder)
@@ -126,6 +127,7 @@ def model_path_folder(path: str) -> str:
     """The folder `resolve_model_path(path)` gives, without building or checking anything: for
     'tiny' and 'build:<env>-<size>' its place in the cache (it may not be built yet), else `path`."""
     from hgpo_jax.envs.data import cache_root
+    from hgpo_jax.envs.registry import get_env
 
     if path == "tiny":
         return os.path.join(cache_root(), "tiny-qwen2")
@@ -135,7 +137,9 @@ def model_path_folder(path: str) -> str:
         family = build_family(path)
         name = (f"{env}-{size}" + (f"-{agent}" if agent else "")
                 + (f"-{family}" if family != "qwen2" else ""))
-        return os.path.join(cache_root(), "models", f"{name}-v{BUILD_VERSION}")
+        version = get_env(env).built_model.version
+        name += f"-v{BUILD_VERSION}" + (f".{version}" if version != 1 else "")
+        return os.path.join(cache_root(), "models", name)
     return path
 
 

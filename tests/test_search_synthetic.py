@@ -171,3 +171,38 @@ def test_arms_are_paired_by_seed():
     low, high = e["heldout_change"]["ci95"]
     assert low < 0.15 < high  # mean 0.15, t interval with one degree of freedom
     assert search_laptop.thirds([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx((0.15, 0.55, 0.4))
+
+
+def test_a_built_models_tokenizer_cuts_every_name_the_same_wherever_it_stands():
+    """`build:search-<size>`'s tokenizer (names kept whole pieces, trained on other worlds' text):
+    every held-out person and city is the same tokens in the question, a query, a passage (after a
+    quote, at a line's start, after "born in") and an answer, so copying a name is copying its
+    tokens; and a held-out city is a few syllable pieces, not letters."""
+    from hgpo_jax.build import env_corpus, model_path_folder
+    from hgpo_jax.envs.registry import get_env
+    from hgpo_jax.envs.search import NAME_PIECE
+    from hgpo_jax.models.local import train_tokenizer
+
+    built = get_env("search").built_model
+    assert built.isolate == NAME_PIECE
+    assert model_path_folder("build:search-small").endswith("search-small-v1.2")
+    hf = train_tokenizer(env_corpus("search"), built.vocab, isolate=built.isolate).hf
+
+    def pieces(text: str) -> list[str]:
+        return [hf.decode([i]) for i in hf(text, add_special_tokens=False)["input_ids"]]
+
+    def contains(outer: list[str], inner: list[str]) -> bool:
+        return any(outer[i:i + len(inner)] == inner for i in range(len(outer) - len(inner) + 1))
+
+    world = synthetic.world()
+    cities = []
+    for row in world.test:
+        p = row.person
+        name, city = pieces(p.name), pieces(p.city)
+        passage = json.dumps({"result": f'Doc 1: "{p.name}"\n{synthetic.person_text(p)}\n'})
+        for text in (row.question, f"<search>{p.name}</search>", passage):
+            assert contains(pieces(text), name), (p.name, text)
+        for text in (passage, f"<answer>{p.city}</answer>", f"<search>{p.city}</search>"):
+            assert contains(pieces(text), city), (p.city, text)
+        cities.append(len(city))
+    assert sum(cities) / len(cities) < 3.0

@@ -34,12 +34,17 @@ class BuiltModel:
 
     vocab: its tokenizer's vocabulary size; episodes() -> the episodes whose turns (prompts and
     replies, as an agent writes them) train that tokenizer, None: 200 expert episodes of the
-    train split (`EnvSpec.record_episodes`); memory_len: the turns of memory those prompts show.
+    train split (`EnvSpec.record_episodes`); memory_len: the turns of memory those prompts show;
+    isolate: a regex of spans the tokenizer keeps whole pieces (`train_tokenizer`), e.g. the
+    made-up names an agent must copy; None: none; version: bump when any of these change, so a
+    model built before is built afresh (its cache folder is named by it).
     """
 
     vocab: int
     episodes: Callable[[], list] | None = None
     memory_len: int = 2
+    isolate: str | None = None
+    version: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,9 +45,12 @@ FAMILY_SETTINGS = {
 PIECE_BOUNDARY = r"['\[\]\n]"  # tokens never cross a quote, a bracket or a line break
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, *,
+def train_tokenizer(texts: list[str], vocab_size: int, *, isolate: str | None = None,
                     chat_template: str = QWEN2_5_CHAT_TEMPLATE) -> Tokenizer:
-    """A byte-level BPE (merges may cross spaces) with Qwen's special tokens, trained on `texts`."""
+    """A byte-level BPE (merges may cross spaces) with Qwen's special tokens, trained on `texts`.
+    isolate: a regex whose matches are pieces of their own (no merge crosses their edges), e.g.
+    capitalised words, so that a name is cut into the same tokens wherever it stands (after a
+    space, a quote, a tag or at a line's start) and copying it is copying its tokens."""
     from tokenizers import Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -56,9 +59,11 @@ def train_tokenizer(texts: list[str], vocab_size: int, *,
     raw = RawTokenizer(models.BPE())
     # pieces: lines, quoted spans and brackets stand alone (so an action such as 'go to desk 1'
     # is its own piece); inside a piece merges may cross spaces
-    raw.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PIECE_BOUNDARY), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    splits = [pre_tokenizers.Split(Regex(PIECE_BOUNDARY), behavior="isolated")]
+    if isolate:
+        splits.append(pre_tokenizers.Split(Regex(isolate), behavior="isolated"))
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
