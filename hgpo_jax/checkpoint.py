@@ -53,6 +53,12 @@ def _abstract(tree):
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
+def _partial_restore(tree):
+    abstract = _abstract(tree)
+    return ocp.args.PyTreeRestore(abstract, partial_restore=True,
+                                  restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+
+
 MAIN = ("params", "opt_state")  # the item "state"; any other top-level key is an item of its own
 
 
@@ -90,11 +96,13 @@ class Checkpointer:
             **_items(state, ocp.args.StandardSave), meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
 
-    def restore(self, step: int, like: dict) -> tuple[dict, dict]:
-        """Checkpoint `step` into the structure, dtypes and shardings of `like`."""
+    def restore(self, step: int, like: dict, partial: bool = False) -> tuple[dict, dict]:
+        """Checkpoint `step` into the structure, dtypes and shardings of `like`. partial: `like`
+        may leave out parts of the checkpoint's items (e.g. only "params", no "opt_state"), which
+        are then not read at all (Orbax's partial restore; on a reader that restores only so)."""
+        make = _partial_restore if partial else (lambda t: ocp.args.StandardRestore(_abstract(t)))
         out = self._manager.restore(step, args=ocp.args.Composite(
-            **_items(like, lambda t: ocp.args.StandardRestore(_abstract(t))),
-            meta=ocp.args.JsonRestore()))
+            **_items(like, make), meta=ocp.args.JsonRestore()))
         state = dict(out["state"]) if "state" in out else {}
         state.update({k: out[k] for k in like if k not in MAIN})
         return state, out["meta"]
@@ -147,16 +155,17 @@ class Checkpointer:
         return jax.tree.map(lambda a: tuple(a.shape), getattr(meta, "tree", meta),
                             is_leaf=lambda a: hasattr(a, "shape"))
 
-    def restore_latest(self, like: dict) -> tuple[dict, dict, int] | None:
+    def restore_latest(self, like: dict, partial: bool = False) -> tuple[dict, dict, int] | None:
         """The newest checkpoint that restores cleanly, as (state, meta, step); None if there are
-        no checkpoints. Raises CheckpointError if checkpoints exist but none restores."""
+        no checkpoints. Raises CheckpointError if checkpoints exist but none restores.
+        partial: as `restore`'s."""
         steps = self.steps()
         if not steps:
             return None
         errors = []
         for step in reversed(steps):
             try:
-                state, meta = self.restore(step, like)
+                state, meta = self.restore(step, like, partial)
                 return state, meta, step
             except Exception as e:  # orbax raises many types for damaged files
                 # the failed read leaves callbacks aimed at its (now closed) event loop; collect

@@ -403,6 +403,24 @@ def load_model(path: str, dtype: str | None = None, compute_dtype: str | None = 
     return model, load_tokenizer(folder), folder
 
 
+def load_policy(cfg, mesh, progress: bool = False):
+    """(model, tokenizer, base folder): the policy a config names, on `mesh`: `model.path`'s
+    weights (a run folder's latest checkpoint, its weights only) with the adapters the config
+    asks for (`model.lora_rank`, `model.adapter`). With several processes, a model built on first
+    use (`tiny`, `build:...`) is built by the main process alone."""
+    if jax.process_count() > 1:
+        if dist.is_main():
+            model_folder(cfg.model.path)
+        dist.barrier("hgpo_jax model folder")
+    spec = lora_spec(cfg.model)  # an adapter folder that does not fit: refused before loading
+    adapters = ({} if is_run_dir(cfg.model.path) else
+                {"lora": spec, "adapter": cfg.model.adapter, "lora_seed": cfg.train.seed})
+    model, tokenizer, folder = load_model(
+        cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, mesh, progress,
+        scan_layers=cfg.model.scan_layers, attention=cfg.model.attention, **adapters)
+    return fit_adapters(model, spec, cfg.model.path, cfg.train.seed), tokenizer, folder
+
+
 def model_folder(path: str) -> str:
     """The folder whose config.json and tokenizer a model.path stands for (a run folder: the one
     its own model.path resolved to when it started)."""
@@ -435,10 +453,9 @@ def _load_run_model(run_dir: str, dtype, compute_dtype, mesh, progress, **option
     if spec is not None and model.lora is None:  # adapters on a base that has none
         model = add_adapters(model, spec)
     graphdef, params = split_params(model)
-    opt_state, _ = init_opt_state(build_optimizer(cfg), params, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
-    try:
-        found = ckpt.restore_latest({"params": trainable(params), "opt_state": opt_state})
+    try:  # the policy's weights only: its optimizer state is never read (nor made)
+        found = ckpt.restore_latest({"params": trainable(params)}, partial=True)
     finally:
         ckpt.close()
     if found is None:
@@ -544,18 +561,8 @@ class Run:
         if t.micro_batch_size % self.dp:
             raise ValueError(f"train.micro_batch_size={t.micro_batch_size} must be a multiple of "
                              f"the data-parallel size {self.dp} (mesh data x fsdp)")
-        if jax.process_count() > 1:  # a model built on first use (model.path=tiny, build:...) is built once
-            if self.main:
-                model_folder(cfg.model.path)
-            dist.barrier("hgpo_jax model folder")
-        spec = lora_spec(cfg.model)  # an adapter folder that does not fit: refused before loading
-        adapters = ({} if is_run_dir(cfg.model.path) else
-                    {"lora": spec, "adapter": cfg.model.adapter, "lora_seed": cfg.train.seed})
-        model, self.tokenizer, self.model_dir = load_model(
-            cfg.model.path, cfg.model.dtype, cfg.model.compute_dtype, self.mesh, self.progress,
-            scan_layers=cfg.model.scan_layers, attention=cfg.model.attention, **adapters)
-        model = fit_adapters(model, spec, cfg.model.path, cfg.train.seed)
-        self.base = base_identity(cfg.model.path) if spec is not None else None
+        model, self.tokenizer, self.model_dir = load_policy(cfg, self.mesh, self.progress)
+        self.base = base_identity(cfg.model.path) if lora_spec(cfg.model) is not None else None
         model.remat = t.remat  # only the training forward (no KV cache) is rematerialized
         self.graphdef, params = split_params(model)  # `lora.Adapted` when only adapters train
         self.shardings = param_shardings(self.mesh, params)

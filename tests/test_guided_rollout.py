@@ -224,9 +224,14 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
         history = trainer.train()
     assert len(history) == 1 and "guidance/mu_global" in history[0]
 
-    # opened to evaluate: hint-free, no guide, no experts recorded
-    with Trainer(config(2), progress=False, record=False) as trainer:
-        assert trainer.guide is None
+    # evaluated: hint-free, with the policy alone (no guide, no experts, no optimizer)
+    from hgpo_jax.trainers.evaluator import Evaluator
+
+    evaluated = load_config("tiny_cpu_toy", [f"model.path={tmp_path}/run", "env.num_workers=1",
+                                             "guidance.enable=true", "eval.protocol=each-once"])
+    with Evaluator.load(evaluated, progress=False) as evaluator:
+        assert not hasattr(evaluator, "guide")
+        assert evaluator.evaluate("valid_seen", games=2)["eval/valid_seen/episodes"] == 2
 
     # the same run resumed with other clusters: refused before any weights load
     import hgpo_jax.runs as runs

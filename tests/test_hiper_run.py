@@ -87,6 +87,41 @@ def test_eval_of_a_hiper_run_is_recorded_in_its_folder(run, capsys):
     assert json.loads(out.strip().splitlines()[-1])["valid_seen"]["episodes"] == 2
 
 
+def test_eval_of_a_hiper_run_builds_the_policy_alone(run, capsys, monkeypatch):
+    """`hgpo-jax eval` of a HiPER run (trained with a critic, a reference and two optimizers)
+    plays with the policy alone: no trainer, no optimizer state, no algorithm (whose state is the
+    critic); every array the evaluator's loading left alive is a weight of its policy."""
+    from flax import nnx
+
+    import hgpo_jax.runs as runs
+    from hgpo_jax.trainers import evaluator as evaluator_module
+    from hgpo_jax.trainers import rl as rl_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluation built a part of training")
+
+    monkeypatch.setattr(rl_module.Trainer, "__init__", refuse)
+    monkeypatch.setattr(rl_module, "build_algorithm", refuse)
+    monkeypatch.setattr(runs, "init_opt_state", refuse)
+    built = []
+    load = evaluator_module.Evaluator.load.__func__
+
+    def spied(cls, cfg, progress=True):
+        before = {id(a) for a in jax.live_arrays()}
+        evaluator = load(cls, cfg, progress)
+        built.append((evaluator, [a for a in jax.live_arrays() if id(a) not in before]))
+        return evaluator
+
+    monkeypatch.setattr(evaluator_module.Evaluator, "load", classmethod(spied))
+    code, out, err = run_cli(capsys, "eval", run, *EVAL_SMALL, *SMALL)
+    assert code == 0, err
+    (evaluator, made), = built
+    weights = jax.tree.leaves(nnx.state(evaluator.model()))
+    assert {id(a) for a in made} <= {id(w) for w in weights}
+    assert sum(a.nbytes for a in made) == sum(w.nbytes for w in weights)
+    assert evaluator.sampler.num_compiles >= 1  # its own programs, none shared
+
+
 def test_the_exported_critic_has_three_labels_and_transformers_reads_its_values(run, tmp_path,
                                                                                 capsys):
     import jax.numpy as jnp

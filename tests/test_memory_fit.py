@@ -56,6 +56,27 @@ def test_the_run_peak_is_the_update_or_the_sampler():
     assert run_peak(60, 50) == (60, "update") and run_peak(40, 50) == (50, "sampler")
     assert run_peak(40) == (40, "update") and run_peak(60, None, kind="eval") == (60, "update")
     assert run_peak(60, 50, kind="eval") == (50, "sampler")  # eval never updates
+    # eval plays with the policy alone: its own planned peak, when there is one
+    assert run_peak(60, 50, kind="eval", eval_bytes=20) == (20, "sampler")
+    assert run_peak(60, 50, eval_bytes=20) == (60, "update")
+
+
+def test_the_plan_gives_the_evaluations_memory_beside_the_training(monkeypatch, capsys):
+    """`plan --sampler`: the eval peak is the policy's weights + the larger sampler program, no
+    optimizer state, reference or critic (trainers.evaluator), so below the training sampler's."""
+    from hgpo_jax.cli import main
+
+    monkeypatch.delenv(DEVICE_MEMORY_VAR, raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert main(["plan", "tiny_cpu_hiper", "--sampler", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    s, t = p["sampler"], p["train_step"]
+    programs = max(s["prefill_gib"], s["decode_gib"])
+    assert s["eval_peak_gib"] == pytest.approx(t["params_gib"] + programs, abs=2e-4)
+    assert s["peak_gib"] == pytest.approx(s["resident_gib"] + programs, abs=2e-4)
+    assert s["resident_gib"] > t["params_gib"] + t["opt_gib"]  # the critic's too
+    assert main(["plan", "tiny_cpu_hiper", "--sampler"]) == 0
+    assert "eval peak" in capsys.readouterr().out
     line = refusal(int(85 * GIB), CARD_80GB_BYTES, program="sampler")
     assert "in the rollout's sampler" in line and "rollout.num_groups" in line
     assert "train.remat" not in line and "mesh.fsdp" in line

@@ -221,14 +221,13 @@ def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
     assert again.tokens == ref.tokens[:3] and capsys.readouterr().err == ""
     with pytest.raises(RuntimeError, match="Mosaic"):  # asked for by name: no fallback
         generate(model, prompts, 10, temperature=0, sampler=Sampler(), decode="ragged")
-    # a rollout's generation (its policy's decode_attention 'auto', the default sampler)
-    monkeypatch.setattr(sampling.DEFAULT_SAMPLER, "ragged_failure", None)
+    # a rollout's generation (its policy's decode_attention 'auto', its own sampler)
     from types import SimpleNamespace
 
     policy = Policy(model, SimpleNamespace(eos_token_ids=[]), temperature=1.0, max_new_tokens=6)
-    assert policy.decode_attention == "auto"
+    assert policy.decode_attention == "auto" and policy.sampler.ragged_failure is None
     replies = policy.generate(prompts, 3, row_ids=list(range(5)))
-    assert len(replies.tokens) == 5 and sampling.DEFAULT_SAMPLER.ragged_failure
+    assert len(replies.tokens) == 5 and policy.sampler.ragged_failure
 
 
 def test_auto_attention_takes_a_fused_kernel_only_where_it_compiles(models, monkeypatch, capsys):

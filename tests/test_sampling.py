@@ -361,8 +361,42 @@ def test_one_compile_per_bucket(models):
     generate(model, make_prompts(vocab, (33,)), 9, sampler=s)                  # prompt bucket 64
     assert s.num_compiles == 3
     generate(model, make_prompts(vocab, (4,) * 5), 9, sampler=s)               # cached
-    assert s.num_compiles == 3
-    assert sampling.compile_count() == sampling.DEFAULT_SAMPLER.num_compiles
+    assert s.num_compiles == 3 and s.held == 3
+
+
+def test_a_sampler_is_bounded_and_owned(models):
+    """A Sampler keeps at most max_programs programs, dropping the least recently used (a bucket
+    seen again after its drop compiles again); `clear` drops all; `generate` without a sampler
+    compiles for that call alone (no process-wide cache: another caller's programs are never
+    reused); a Policy generates with its own sampler, or the one it is given."""
+    from types import SimpleNamespace
+
+    from hgpo_jax.rl.rollout import Policy
+
+    _, model, _ = models["tied_gqa2"]
+    vocab = model.config.vocab_size
+    s = Sampler(max_programs=2)
+    for lens in ((4,), (4,) * 3, (4,), (4,) * 5):                 # B buckets 1, 4, 1 (kept), 8
+        generate(model, make_prompts(vocab, lens), 5, sampler=s)
+    assert s.num_compiles == 3 and s.held == 2                    # 4 was dropped, 1 kept
+    generate(model, make_prompts(vocab, (4,) * 3), 5, sampler=s)  # 4 again: compiled again
+    assert s.num_compiles == 4 and s.held == 2
+    s.clear()
+    assert s.held == 0 and s.num_compiles == 4
+    with pytest.raises(ValueError, match="max_programs=0"):
+        Sampler(max_programs=0)
+    first = generate(model, make_prompts(vocab, (4,)), 5)
+    second = generate(model, make_prompts(vocab, (4,)), 5)
+    assert first.num_compiles == second.num_compiles == 1 and second.compile_s > 0
+    assert not hasattr(sampling, "DEFAULT_SAMPLER")
+    tokenizer = SimpleNamespace(eos_token_ids=[])
+    own, other = Policy(model, tokenizer, max_new_tokens=5), Policy(model, tokenizer, max_new_tokens=5)
+    assert own.sampler is not other.sampler
+    shared = Sampler()
+    for _ in range(2):
+        Policy(model, tokenizer, max_new_tokens=5, sampler=shared).generate(
+            make_prompts(vocab, (4,)), 0)
+    assert shared.num_compiles == 1
 
 
 def test_buckets():

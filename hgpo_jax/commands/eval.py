@@ -19,7 +19,7 @@ def cmd_eval(args) -> int:
     import jax
 
     from hgpo_jax.trainers.checks import check_backend, check_inputs, check_output_file
-    from hgpo_jax.trainers.rl import Trainer
+    from hgpo_jax.trainers.evaluator import Evaluator
 
     cfg = command_config(args)
     check_eval_args(cfg, args.split, args.games, args.episodes)
@@ -50,14 +50,14 @@ def cmd_eval(args) -> int:
     home = run or (None if is_run_folder(cfg.run_path()) else os.path.abspath(cfg.run_path()))
     label = f"{found[0]}{found[1]}" if found else "model"
     record = eval_record_path(home, label) if home else None
-    with Trainer(cfg, progress=show_progress(args), record=False) as trainer:
+    with Evaluator.load(cfg, progress=show_progress(args)) as evaluator:  # the policy alone
         for split in splits:
             if args.episodes:
-                rates, played = trainer.evaluate_episodes(split, args.games or None)
+                rates, played = evaluator.evaluate_episodes(split, args.games or None)
                 episodes += [{"split": split, **dataclasses.asdict(ep)} for ep in played]
                 results.update(rates)
             else:
-                results.update(trainer.evaluate(split, args.games or None))
+                results.update(evaluator.evaluate(split, args.games or None))
             if record and main:  # each split's results kept at once, beside the settings they had
                 write_eval_record(record, found, cfg, args, results)
     if main:

@@ -39,8 +39,10 @@ def fit_device(args, kind: str, say=print) -> None:
     t0 = time.perf_counter()
     plan = child_plan(args.config, args.overrides)
     sampler = plan.get("sampler", {}).get("peak_gib")
+    evaluation = plan.get("sampler", {}).get("eval_peak_gib")
     peak, program = run_peak(int(plan["train_step"]["peak_gib"] * GIB),
-                             None if sampler is None else int(sampler * GIB), kind)
+                             None if sampler is None else int(sampler * GIB), kind,
+                             None if evaluation is None else int(evaluation * GIB))
     source = f" ({DEVICE_MEMORY_VAR})" if os.environ.get(DEVICE_MEMORY_VAR, "").strip() else ""
     if not fits(peak, device, fraction):
         raise ValueError(refusal(peak, device, fraction, what=args.config,

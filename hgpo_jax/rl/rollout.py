@@ -92,7 +92,10 @@ class PromptCuts:
 
 @dataclasses.dataclass
 class Policy:
-    """What a rollout needs of the model: weights, tokenizer and sampling settings."""
+    """What a rollout needs of the model: weights, tokenizer, sampling settings and the sampler
+    whose compiled programs it generates with (`hgpo_jax.rl.sampling.Sampler`: a run passes its
+    own to every policy it makes, so its programs are reused across iterations and go with the
+    run; default: a sampler of this policy's own)."""
 
     model: Any
     tokenizer: Any
@@ -104,17 +107,26 @@ class Policy:
     prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
     decode_attention: str = "auto"  # the sampler's decode attention (`generate`'s decode)
     max_num_seqs: int = 0  # the most prompts generated at once (`generate`'s max_rows; 0 = all)
+    sampler: Any = dataclasses.field(default=None, repr=False, compare=False)
     # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
     prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
 
+    def __post_init__(self):
+        if self.sampler is None:
+            from hgpo_jax.rl.sampling import Sampler
+
+            self.sampler = Sampler()
+
     @classmethod
-    def of_rollout(cls, model, tokenizer, rollout, temperature: float) -> "Policy":
+    def of_rollout(cls, model, tokenizer, rollout, temperature: float, sampler=None) -> "Policy":
         """The policy a config's `rollout` section samples with (its top_p, top_k, max_new_tokens,
-        max_prompt_tokens, prefill_chunk, decode_attention, max_num_seqs), at `temperature`."""
+        max_prompt_tokens, prefill_chunk, decode_attention, max_num_seqs), at `temperature`,
+        generating with `sampler` (None: a sampler of its own)."""
         return cls(model, tokenizer, temperature=temperature, top_p=rollout.top_p,
                    top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
                    max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk,
-                   decode_attention=rollout.decode_attention, max_num_seqs=rollout.max_num_seqs)
+                   decode_attention=rollout.decode_attention, max_num_seqs=rollout.max_num_seqs,
+                   sampler=sampler)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
@@ -132,7 +144,8 @@ class Policy:
                         top_p=self.top_p, top_k=self.top_k,
                         eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
                         prefill_chunk=self.prefill_chunk, row_ids=row_ids,
-                        decode=self.decode_attention, max_rows=self.max_num_seqs)
+                        decode=self.decode_attention, max_rows=self.max_num_seqs,
+                        sampler=self.sampler)
 
 
 @dataclasses.dataclass

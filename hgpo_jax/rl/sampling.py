@@ -25,8 +25,9 @@ Shapes: B batch (bucketed), P prompt slots (bucketed), N new-token slots (bucket
 Bucketing and compile counting: `Sampler` keeps one ahead-of-time compiled program (a prefill
 and a decode-loop executable) per static key (model graph, bucketed B/P/N, greedy or not, top_k,
 whether top_p filters, number of eos ids, the prefill path and chunk, parameter shardings). `Sampler.num_compiles` is the
-number of programs it has compiled. The module-level `generate` uses one shared
-`DEFAULT_SAMPLER` (see `compile_count()`); pass `sampler=Sampler()` for an isolated cache. Temperature, top_p's value, the rng, the eos ids and the
+number of programs it has compiled. There is no process-wide cache: whoever generates holds its
+own Sampler (a run's policy, a command) and passes it as `sampler=`; without one, `generate`
+compiles for that call only. Temperature, top_p's value, the rng, the eos ids and the
 actual `max_new_tokens` are runtime arguments and never cause a compile.
 
 See docs/sampling.md.
@@ -34,6 +35,7 @@ See docs/sampling.md.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import sys
@@ -60,6 +62,7 @@ DEFAULT_SEED = 0  # rng=None samples with jax.random.PRNGKey(DEFAULT_SEED)
 MIN_PROMPT_BUCKET = 32
 MIN_NEW_BUCKET = 8
 PAD_ID = 0  # token fed in padded prompt slots (masked out, so its value never matters)
+MAX_PROGRAMS = 64  # a Sampler's default bound: a rollout's buckets (a few B x P x N) and more
 AUTO_CHUNK = -1  # prefill_chunk: pick the chunk from PREFILL_SCORE_BYTES (prefill_chunk_size)
 PREFILL_SCORE_BYTES = 128 << 20  # auto chunk: one layer's float32 scores per device stay within
 MIN_PREFILL_CHUNK = 64  # auto chunk: never fewer query tokens per chunk than this
@@ -710,26 +713,42 @@ def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chun
 
 
 class Sampler:
-    """A cache of compiled generation programs, one per bucket (see the module docstring).
+    """A cache of compiled generation programs, one per bucket (see the module docstring), owned
+    by whoever generates with it: a run (`hgpo_jax.rl.rollout.Policy.sampler`, the trainer's and
+    the evaluator's), a command, a test. Nothing is shared between owners, and the programs go
+    with their owner (`clear`, or the owner dropped).
 
-    num_compiles: programs compiled so far. compile_s: total seconds spent compiling.
+    max_programs: the most programs kept; beyond it the least recently used is dropped (a
+    bucket seen again compiles again). num_compiles: programs compiled so far (dropped ones
+    included); held: programs kept now. compile_s: total seconds spent compiling.
     unroll_layers: run a scanned model's layers unrolled (`_sampling_model`).
     """
 
-    def __init__(self, unroll_layers: bool = True):
-        self._programs: dict = {}
+    def __init__(self, unroll_layers: bool = True, max_programs: int = MAX_PROGRAMS):
+        if max_programs < 1:
+            raise ValueError(f"max_programs={max_programs}: a sampler keeps at least one program")
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self.max_programs = max_programs
+        self.num_compiles = 0
         self.compile_s = 0.0
         self.unroll_layers = unroll_layers  # see _sampling_model
         # why decode='auto' no longer tries the ragged kernel here (its compile failed), or None
         self.ragged_failure: str | None = None
 
     @property
-    def num_compiles(self) -> int:
+    def held(self) -> int:
         return len(self._programs)
 
     def clear(self) -> None:
-        """Drop every compiled program (e.g. after the model's structure changed)."""
+        """Drop every compiled program (e.g. after the model's structure changed, or when its
+        owner is done)."""
         self._programs.clear()
+
+    def _keep(self, key, programs) -> None:
+        self._programs[key] = programs
+        self._programs.move_to_end(key)
+        while len(self._programs) > self.max_programs:
+            self._programs.popitem(last=False)
 
     def generate(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -786,7 +805,10 @@ class Sampler:
             programs, static = self._compile_or_fall_back(graphdef, static, args, mesh, state, auto)
             compile_s = time.perf_counter() - t0
             self.compile_s += compile_s
-            self._programs[key[:-1] + (static,)] = programs
+            self.num_compiles += 1
+            self._keep(key[:-1] + (static,), programs)
+        else:
+            self._programs.move_to_end(key)
 
         prefill, decode = programs
         t0 = time.perf_counter()
@@ -920,14 +942,6 @@ def compile_for_plan(graphdef, abs_params, rows: int, prompt_slots: int, max_new
             "cache_bytes": cache_bytes, "prefill": prefill, "decode": decode}
 
 
-DEFAULT_SAMPLER = Sampler()
-
-
-def compile_count() -> int:
-    """Programs compiled by the shared DEFAULT_SAMPLER (the one `generate` uses by default)."""
-    return DEFAULT_SAMPLER.num_compiles
-
-
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, eos_token_id=None,
              rng=None, mesh=None, sampler: Sampler | None = None,
@@ -950,7 +964,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     mesh: the (data, fsdp, tensor) mesh the params live on; default: found from the params'
       shardings. The batch (padded to a multiple of data*fsdp) and the KV cache's batch dim are
       split over ("data", "fsdp").
-    sampler: the compiled-program cache to use (default DEFAULT_SAMPLER).
+    sampler: the compiled-program cache to use (`Sampler`); None: one for this call only, so its
+      programs are compiled afresh and dropped after (hold a Sampler to reuse them).
     prefill_chunk: query tokens per chunk of the einsum prefill (-1 = auto, 0 = the whole prompt
       bucket at once; see `prefill_chunk_size`); unused where the prefill is fused
       (`prefill_path`). Same tokens whatever the chunk, up to float summation order.
@@ -967,7 +982,7 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
     max_position_embeddings, temperature < 0, top_p outside (0, 1], top_k < 0 or
     prefill_chunk < -1.
     """
-    return (sampler or DEFAULT_SAMPLER).generate(
+    return (sampler or Sampler()).generate(
         model, prompts, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         eos_token_id=eos_token_id, rng=rng, mesh=mesh, prefill_chunk=prefill_chunk,
         row_ids=row_ids, decode=decode, max_rows=max_rows)

@@ -76,12 +76,15 @@ def refusal(peak_bytes: int, device_bytes: int, fraction: float = MAX_FRACTION,
             f"{DEVICE_MEMORY_VAR}=0 to run without the plan")
 
 
-def run_peak(update_bytes: int, sampler_bytes: int | None = None, kind: str = "rl"
-             ) -> tuple[int, str]:
+def run_peak(update_bytes: int, sampler_bytes: int | None = None, kind: str = "rl",
+             eval_bytes: int | None = None) -> tuple[int, str]:
     """The planned peak per device of a command of `kind` (bytes) and the program that reaches
     it ("update" or "sampler"): train ("rl"): the larger of its update's and its sampler's
-    (`trainers.plan`; None: the sampler was not planned); eval: the sampler's (it never updates;
-    the update's where the sampler was not planned)."""
+    (`trainers.plan`; None: the sampler was not planned); eval: `eval_bytes`, the policy's
+    weights and its sampler (`trainers.evaluator` makes nothing else), or where that was not
+    planned the training sampler's, else the update's."""
+    if kind == "eval" and eval_bytes is not None:
+        return eval_bytes, "sampler"
     if sampler_bytes is not None and (kind == "eval" or sampler_bytes > update_bytes):
         return sampler_bytes, "sampler"
     return update_bytes, "update"

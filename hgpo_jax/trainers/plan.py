@@ -361,8 +361,10 @@ def plan_sampler(cfg, graphdef, abs_params, mesh, resident_bytes: int) -> dict:
         out[f"sampler_{name}_temp_bytes"] = temp
         out[f"sampler_{name}_output_bytes"] = outs
         out[f"sampler_{name}_bytes"] = max(args - weights, 0) + temp + outs
-    out["sampler_peak_bytes"] = resident_bytes + max(out["sampler_prefill_bytes"],
-                                                     out["sampler_decode_bytes"])
+    programs_peak = max(out["sampler_prefill_bytes"], out["sampler_decode_bytes"])
+    out["sampler_peak_bytes"] = resident_bytes + programs_peak
+    # `hgpo-jax eval` plays with the policy alone (trainers.evaluator): its weights + the sampler
+    out["sampler_eval_peak_bytes"] = weights + programs_peak
     return out
 
 
@@ -442,6 +444,8 @@ def _format_sampler(p: dict) -> list[str]:
         f"    decode                 {g(p['sampler_decode_bytes'])}  (temporaries "
         f"{p['sampler_decode_temp_bytes'] / GIB:.2f} + carry and inputs)",
         f"    sampler peak           {g(p['sampler_peak_bytes'])}",
+        f"  per device during `hgpo-jax eval` (the policy alone: its weights + the sampler):",
+        f"    eval peak              {g(p['sampler_eval_peak_bytes'])}",
     ]
 
 

@@ -34,8 +34,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hgpo_jax import distributed as dist
-from hgpo_jax.agents import get_agent
-from hgpo_jax.envs.registry import get_env, with_reward
+from hgpo_jax.envs.registry import get_env
 from hgpo_jax.models.lora import adapters_off
 from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
                                     scoring_temperature)
@@ -48,7 +47,9 @@ from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budg
 from hgpo_jax.rl.guide import Guide, Plan, clusters_of
 from hgpo_jax.rl.prefix_sft import prefix_sft_rows
 from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
+from hgpo_jax.rl.sampling import Sampler
 from hgpo_jax.runs import CHECKPOINTS, Run
+from hgpo_jax.trainers.evaluator import Evaluator, env_and_agent, make_env_pool
 
 
 # --------------------------------------------------------------------------- set-up helpers
@@ -286,9 +287,8 @@ class Trainer(Run):
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
         # the experts are recorded (once, then cached) and a resumed schedule checked before the
-        # weights load; a run opened to evaluate (record=False) plays without them
-        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable and record \
-            else None
+        # weights load (evaluation plays without them: `trainers.evaluator`)
+        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable else None
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
@@ -313,8 +313,10 @@ class Trainer(Run):
                                               window=r.max_new_tokens, token_budget=self.budget,
                                               temperature=scoring_temperature(r))
 
-            self.env_spec = with_reward(get_env(cfg.env.name), cfg.env.reward)
-            self.agent = get_agent(cfg.agent.name, cfg.env.name, projection=cfg.env.projection)
+            self.env_spec, self.agent = env_and_agent(cfg)
+            self.sampler = Sampler()  # the run's compiled generation programs (rollouts, evaluation)
+            self.evaluator = Evaluator(cfg, self.model, self.tokenizer, pool=lambda: self.pool,
+                                       sampler=self.sampler, progress=self.progress)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
             self.guide = None if experts is None else Guide(
@@ -328,8 +330,8 @@ class Trainer(Run):
 
     def _prefix_sft_steps(self) -> tuple:
         """(fixed step, token-budget step) of prefix SFT (the budget one None without
-        `train.max_tokens_per_micro_batch`); (None, None) without it: no guide (guidance off, or
-        a run opened to evaluate) or guidance.sft_coef 0."""
+        `train.max_tokens_per_micro_batch`); (None, None) without it: no guide (guidance off)
+        or guidance.sft_coef 0."""
         if self.guide is None or not self.cfg.guidance.sft_coef > 0:
             return None, None
         step = self.algorithm.prefix_sft_step(self.graphdef, self.tx, self.mesh, self.shardings,
@@ -348,13 +350,7 @@ class Trainer(Run):
     def pool(self):
         """The env worker pool, started on first use (export and plan never start it)."""
         if self._pool is None:
-            from hgpo_jax.envs.pool import EnvPool
-
-            r, e = self.cfg.rollout, self.cfg.env
-            lo, hi = self.groups  # this process's groups
-            self._pool = EnvPool(self.env_spec.make_env(e), num_envs=(hi - lo) * r.group_size,
-                                 num_workers=e.num_workers, step_timeout=e.step_timeout,
-                                 reset_timeout=e.reset_timeout)
+            self._pool = make_env_pool(self.cfg)
         return self._pool
 
     # ------------------------------------------------------------------ the checkpoint
@@ -380,7 +376,8 @@ class Trainer(Run):
             self.guide.load_state_dict(meta["guidance"])
 
     def policy(self, temperature: float) -> Policy:
-        return Policy.of_rollout(self.model(), self.tokenizer, self.cfg.rollout, temperature)
+        return Policy.of_rollout(self.model(), self.tokenizer, self.cfg.rollout, temperature,
+                                 sampler=self.sampler)
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self) -> dict[str, float]:
@@ -653,37 +650,11 @@ class Trainer(Run):
         return history
 
     def evaluate(self, split: str, games: int | None = None) -> dict[str, float]:
-        """Success of the current policy on `split` under `eval.protocol` at `eval.temperature`
-        (docs/training.md): overall and per task type. `games` overrides `eval.games` (each-once)."""
-        from hgpo_jax.rl.evaluation import evaluate_split
-
-        e = self.cfg.eval
-        result = evaluate_split(
-            self.policy(e.temperature), self.pool, self.env_spec.list_tasks(self.cfg.env, split),
-            protocol=e.protocol, seeds=e.seeds, batches=e.batches, batch_size=e.batch_size,
-            games=e.games if games is None else games, **self._eval_kwargs())
-        return {f"eval/{split}/{k}": v for k, v in result.items()}
-
-    def evaluate_episodes(self, split: str, games: int | None = None):
-        """`evaluate` under the "each-once" protocol, keeping every episode: (the same
-        {'eval/<split>/<rate>': value}, [hgpo_jax.rl.rollout.EpisodeResult] in task order)."""
-        from hgpo_jax.rl.evaluation import evaluate_each_once
-
-        e = self.cfg.eval
-        if e.protocol != "each-once":
-            raise ValueError(f"per-episode results need eval.protocol=each-once (each game once); this "
-                             f"config evaluates under {e.protocol!r}: add eval.protocol=each-once")
-        rates, episodes = evaluate_each_once(
-            self.policy(e.temperature), self.pool, self.env_spec.list_tasks(self.cfg.env, split),
-            seeds=e.seeds, games=e.games if games is None else games, **self._eval_kwargs())
-        return {f"eval/{split}/{k}": v for k, v in rates.items()}, episodes
-
-    def _eval_kwargs(self) -> dict:
-        return dict(max_steps=self.cfg.env.max_steps, memory_len=self.cfg.env.memory_len,
-                    progress=self.progress,
-                    rollout_kwargs={"spec": self.env_spec, "agent": self.agent})
+        """The current policy's success on `split` (`trainers.evaluator.Evaluator.evaluate`)."""
+        return self.evaluator.evaluate(split, games)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        self.sampler.clear()
         super().close()
