@@ -181,7 +181,7 @@ def test_the_decode_path_ragged_on_a_gpu_where_it_runs():
 
 def test_the_config_key_reaches_the_rollouts_policy():
     from hgpo_jax.config import ConfigError, load_config
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     assert load_config(None, []).rollout.decode_attention == "auto"
     cfg = load_config(None, ["rollout.decode_attention=einsum"])
@@ -197,7 +197,7 @@ def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
     later 'auto' calls go straight to einsum. A rollout through the default sampler runs."""
     from hgpo_jax.models import layers
     from hgpo_jax.rl import sampling
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     real = sampling.decode_path
     monkeypatch.setattr(sampling, "decode_path", lambda requested, prefill, unrolled, *a, **k:

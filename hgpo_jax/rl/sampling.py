@@ -715,7 +715,7 @@ def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chun
 
 class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring), owned
-    by whoever generates with it: a run (`hgpo_jax.rl.rollout.Policy.sampler`, the trainer's and
+    by whoever generates with it: a run (`hgpo_jax.rl.policy.Policy.sampler`, the trainer's and
     the evaluator's), a command, a test. Nothing is shared between owners, and the programs go
     with their owner (`clear`, or the owner dropped).
 
