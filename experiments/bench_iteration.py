@@ -63,7 +63,7 @@ import numpy as np
 from hgpo_jax.config import load_config
 from hgpo_jax.models.config import DecoderConfig
 from hgpo_jax.rl.batching import TokenRows
-from hgpo_jax.rl.rollout import Policy
+from hgpo_jax.rl.policy import Policy
 from hgpo_jax.rl.sampling import batch_bucket, new_tokens_bucket, prompt_bucket
 from hgpo_jax.trainers.rl import Trainer
 

@@ -27,7 +27,8 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
 from hgpo_jax.models import DecoderConfig, make_mesh  # noqa: E402
-from hgpo_jax.models.decoder import CausalLM, resolve_attention  # noqa: E402
+from hgpo_jax.models.attention import resolve_attention  # noqa: E402
+from hgpo_jax.models.decoder import CausalLM  # noqa: E402
 from hgpo_jax.trainers.plan import PRESETS  # noqa: E402
 from hgpo_jax.rl.batching import PolicyRows  # noqa: E402
 from hgpo_jax.rl.ppo import LossConfig, make_train_step  # noqa: E402

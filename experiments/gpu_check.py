@@ -173,7 +173,7 @@ def part_parity(s: dict, out: ChildOutput) -> dict:
 
     from bench_common import BENCH_SHAPE, bench_hf_model
     from hgpo_jax.models import load_pretrained
-    from hgpo_jax.models.decoder import resolve_attention
+    from hgpo_jax.models.attention import resolve_attention
     from hgpo_jax.rl.sampling import Sampler, prefill_path
     from hgpo_jax.rl.update import token_logprobs
 

@@ -70,7 +70,8 @@ def play(run_dir: str, split: str, games: int, temperature: float, samples: int)
     from hgpo_jax.agents import get_agent
     from hgpo_jax.config import load_config
     from hgpo_jax.envs.registry import get_env, with_reward
-    from hgpo_jax.rl.rollout import Policy, watch_episode
+    from hgpo_jax.rl.episodes import watch_episode
+    from hgpo_jax.rl.policy import Policy
     from hgpo_jax.runs import load_model
 
     cfg = load_config(run_dir)

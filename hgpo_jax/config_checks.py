@@ -308,7 +308,7 @@ def allowed_values() -> dict[str, tuple[str, ...]]:
     models (imported lazily)."""
     from hgpo_jax.agents import agent_names, projection_names
     from hgpo_jax.envs.registry import env_names
-    from hgpo_jax.models.decoder import ATTENTION_IMPLS
+    from hgpo_jax.models.attention import ATTENTION_IMPLS
 
     return {"estimator": algorithm_names(), "mode": tuple(MODES), "kl_type": tuple(KL_TYPES),
             "loss_agg": tuple(AGGS), "env": env_names(), "dtype": DTYPES,

@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     from hgpo_jax.envs.pool import EnvPool
     from hgpo_jax.envs.registry import get_env
     from hgpo_jax.models import make_mesh
-    from hgpo_jax.rl.rollout import Policy, collect_rollouts
+    from hgpo_jax.rl.policy import Policy
+    from hgpo_jax.rl.rollout import collect_rollouts
     from hgpo_jax.runs import load_model
 
     cfg = load_config("tiny_cpu_toy")

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from hgpo_jax.rl.ppo import LossConfig, make_budget_train_step, make_train_step
     from hgpo_jax.rl.update import (batch_sharding, budget_update, init_opt_state, make_logprob_fn,
                                     make_optimizer, on_mesh, param_shardings)
-    from hgpo_jax.trainers.rl import budget_minibatch, budget_rows_pass
+    from hgpo_jax.trainers.budget import budget_minibatch, budget_rows_pass
     from hgpo_jax.runs import load_model
 
     procs, index = jax.process_count(), jax.process_index()

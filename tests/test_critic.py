@@ -180,7 +180,7 @@ def test_critic_from_policy_copies_the_backbone_and_adds_a_head():
     from flax import nnx
 
     from hgpo_jax.models import DecoderConfig, CausalLM
-    from hgpo_jax.models.decoder import critic_from_policy
+    from hgpo_jax.models.critic import critic_from_policy
 
     for scan in (False, True):
         policy = CausalLM(DecoderConfig(**TINY_SHAPES["untied_gqa1"]), rngs=nnx.Rngs(0),

@@ -19,7 +19,7 @@ from transformers import Qwen2ForTokenClassification
 
 from hgpo_jax.models import DecoderConfig, CriticModel, CausalLM, load_pretrained, save_pretrained
 from hgpo_jax.models.hf_io import CheckpointError
-from hgpo_jax.models.decoder import critic_from_policy
+from hgpo_jax.models.critic import critic_from_policy
 from hgpo_jax.rl.batching import CriticRows, gather_rows, pack_rows
 from hgpo_jax.rl.critic import critic_value_loss, make_value_fn, token_values, value_loss, window_masks
 

@@ -138,7 +138,9 @@ def test_watch_episode_plays_what_a_rollout_of_one_env_plays(hiper_run):
     from hgpo_jax.config import load_config
     from hgpo_jax.envs.pool import EnvPool
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.rl.rollout import Policy, collect_rollouts, watch_episode
+    from hgpo_jax.rl.episodes import watch_episode
+    from hgpo_jax.rl.policy import Policy
+    from hgpo_jax.rl.rollout import collect_rollouts
     from hgpo_jax.runs import load_model
 
     cfg = load_config(str(hiper_run))

@@ -257,7 +257,8 @@ def test_expert_tasks_drawn_records_only_the_tasks_the_run_will_draw(tmp_path):
     split | drawn is a config error naming the key."""
     from hgpo_jax.config import load_config
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.trainers.rl import TaskSampler, guidance_experts
+    from hgpo_jax.trainers.rl import guidance_experts
+    from hgpo_jax.trainers.state import TaskSampler
 
     def config(*extra):
         return load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",

@@ -260,7 +260,7 @@ def test_prefill_chunk_round_trips_through_yaml(tmp_path):
 
 
 def test_policy_passes_prefill_chunk_to_the_sampler(monkeypatch):
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     seen = {}
 

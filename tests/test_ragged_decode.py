@@ -9,7 +9,8 @@ import pytest
 from hf_models import TINY_SHAPES, build_hf_model
 
 from hgpo_jax.models import load_pretrained, make_mesh
-from hgpo_jax.models.decoder import MASKED_SCORE, KVCache, attention
+from hgpo_jax.models.attention import MASKED_SCORE, attention
+from hgpo_jax.models.kv_cache import KVCache
 from hgpo_jax.models.gpu_attention import (BLOCK_K, decode_blocks, ragged_decode_attention,
                                            ragged_slots)
 from hgpo_jax.rl.sampling import Sampler, decode_path, generate
@@ -180,7 +181,7 @@ def test_the_decode_path_ragged_on_a_gpu_where_it_runs():
 
 def test_the_config_key_reaches_the_rollouts_policy():
     from hgpo_jax.config import ConfigError, load_config
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     assert load_config(None, []).rollout.decode_attention == "auto"
     cfg = load_config(None, ["rollout.decode_attention=einsum"])
@@ -194,9 +195,9 @@ def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
     """decode='auto' picks the ragged kernel (here: as on a GPU); its lowering fails on this
     device: the sampler says so in one line and decodes with einsum (the same tokens), and its
     later 'auto' calls go straight to einsum. A rollout through the default sampler runs."""
-    from hgpo_jax.models import decoder
+    from hgpo_jax.models import layers
     from hgpo_jax.rl import sampling
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     real = sampling.decode_path
     monkeypatch.setattr(sampling, "decode_path", lambda requested, prefill, unrolled, *a, **k:
@@ -206,7 +207,7 @@ def test_auto_falls_back_to_the_einsum_decode_where_the_kernel_does_not_compile(
     def lowering_fails(*args, **kwargs):
         raise RuntimeError("Mosaic GPU lowering failed: unsupported layout\n(details)")
 
-    monkeypatch.setattr(decoder, "ragged_decode_attention", lowering_fails)
+    monkeypatch.setattr(layers, "ragged_decode_attention", lowering_fails)
     _, model = models["tied_gqa2"]
     prompts = prompts_of(model.config.vocab_size, (5, 30, 1, 17, 9), seed=8)
     ref = generate(model, prompts, 10, temperature=0, sampler=Sampler(), decode="einsum")
@@ -234,27 +235,27 @@ def test_auto_attention_takes_a_fused_kernel_only_where_it_compiles(models, monk
     """model.attention=auto on a backend whose fused kernel does not compile (here: the CPU
     playing a GPU, so cuDNN is tried and fails): one line, and einsum for training and the
     sampler's prefill; planning for another platform never probes."""
-    from hgpo_jax.models import decoder
+    from hgpo_jax.models import attention as paths
     from hgpo_jax.rl import sampling
 
-    decoder.fused_attention_failure.cache_clear()
-    monkeypatch.setattr(decoder.jax, "default_backend", lambda: "gpu")
+    paths.fused_attention_failure.cache_clear()
+    monkeypatch.setattr(paths.jax, "default_backend", lambda: "gpu")
     try:
-        assert decoder.resolve_attention("auto", "bfloat16", 128) == "einsum"
+        assert paths.resolve_attention("auto", "bfloat16", 128) == "einsum"
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "cudnn attention does not compile on this gpu device" in err
-        assert decoder.resolve_attention("auto", "bfloat16", 128) == "einsum"  # probed once
+        assert paths.resolve_attention("auto", "bfloat16", 128) == "einsum"  # probed once
         assert capsys.readouterr().err == ""
-        assert decoder.resolve_attention("cudnn", "bfloat16", 128) == "cudnn"  # by name: as asked
+        assert paths.resolve_attention("cudnn", "bfloat16", 128) == "cudnn"  # by name: as asked
         folder, _ = models["tied_gqa2"]
         model = load_pretrained(folder, attention="auto", dtype="bfloat16",
                                 compute_dtype="bfloat16")
         assert sampling.prefill_path(model) == "einsum"  # its head size: probed for it
         assert "cudnn attention does not compile" in capsys.readouterr().err
     finally:
-        decoder.fused_attention_failure.cache_clear()
+        paths.fused_attention_failure.cache_clear()
     monkeypatch.undo()
     # the plan of a GPU run on this CPU: cuDNN, no probe
-    assert decoder.resolve_attention("auto", "bfloat16", 128, platform="gpu") == "cudnn"
-    assert decoder.fused_attention_failure("xla", "float32", 16) is None  # compiles here
+    assert paths.resolve_attention("auto", "bfloat16", 128, platform="gpu") == "cudnn"
+    assert paths.fused_attention_failure("xla", "float32", 16) is None  # compiles here
     assert capsys.readouterr().err == ""

@@ -12,8 +12,9 @@ from hgpo_jax.envs.pool import EnvPool, EnvReply
 from hgpo_jax.envs.toy import TASK, WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
-from hgpo_jax.rl.rollout import (Policy, collect_rollouts, default_spec, evaluate, mean_and_sem,
-                                 play_each_once, summarize_episodes)
+from hgpo_jax.rl.episodes import evaluate, mean_and_sem, play_each_once, summarize_episodes
+from hgpo_jax.rl.policy import Policy
+from hgpo_jax.rl.rollout import collect_rollouts, default_spec
 from hgpo_jax.build import resolve_model_path
 from toy_policies import RecordingPool, ReplayPolicy, ScriptedToyPolicy
 

@@ -371,7 +371,7 @@ def test_a_sampler_is_bounded_and_owned(models):
     reused); a Policy generates with its own sampler, or the one it is given."""
     from types import SimpleNamespace
 
-    from hgpo_jax.rl.rollout import Policy
+    from hgpo_jax.rl.policy import Policy
 
     _, model, _ = models["tied_gqa2"]
     vocab = model.config.vocab_size

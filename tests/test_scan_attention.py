@@ -12,8 +12,9 @@ from hf_models import TINY_SHAPES, build_hf_model, hf_logits, load_hf
 from jax.sharding import PartitionSpec as P
 
 from hgpo_jax.models import DecoderConfig, load_pretrained, make_mesh, save_pretrained
-from hgpo_jax.models.decoder import (CausalLM, relayout_layers, resolve_attention,
-                                   stack_layers, unstack_layers)
+from hgpo_jax.models.attention import resolve_attention
+from hgpo_jax.models.decoder import CausalLM, relayout_layers
+from hgpo_jax.models.layers import stack_layers, unstack_layers
 from hgpo_jax.models.sharding import param_partition_spec
 from hgpo_jax.rl.update import token_logprobs
 from hgpo_jax.rl.sampling import Sampler

@@ -25,7 +25,8 @@ from hgpo_jax.build import resolve_model_path
 from hgpo_jax.models.local import train_tokenizer
 from hgpo_jax.rl.batching import TokenRows, pack_rows
 from hgpo_jax.rl.update import token_logprobs
-from hgpo_jax.rl.rollout import Policy, collect_rollouts
+from hgpo_jax.rl.policy import Policy
+from hgpo_jax.rl.rollout import collect_rollouts
 from hgpo_jax.trainers.rl import Trainer
 from hgpo_jax.runs import load_model
 from hgpo_jax.sft import data

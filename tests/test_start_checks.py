@@ -338,11 +338,12 @@ def test_sft_batch_size_must_split_into_micro_batches_of_at_least_half():
 # ------------------------------------------------------------------------------------- 2d prompts
 def test_cut_prompts_are_counted_and_warned_about_once(tokenizer, monkeypatch):
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.rl import rollout
-    from hgpo_jax.rl.rollout import collect_rollouts, encode_prompt, encode_prompt_with_length
+    from hgpo_jax.rl import policy as policy_module
+    from hgpo_jax.rl.policy import encode_prompt, encode_prompt_with_length
+    from hgpo_jax.rl.rollout import collect_rollouts, summary_metrics
     from toy_policies import ScriptedToyPolicy
 
-    monkeypatch.setattr(rollout, "_warned_prompt_cut", False)
+    monkeypatch.setattr(policy_module, "_warned_prompt_cut", False)
     spec = get_env("toy")
 
     def run(max_prompt_tokens):
@@ -369,7 +370,7 @@ def test_cut_prompts_are_counted_and_warned_about_once(tokenizer, monkeypatch):
     assert f"raise rollout.max_prompt_tokens to at least {first}" in message
     # merged over processes: cut prompts / prompts of all of them
     parts = [dict(full.summary(), prompts=4, prompts_cut=1), dict(full.summary(), prompts=6, prompts_cut=2)]
-    assert rollout.summary_metrics(parts)["rollout/truncated_prompt_rate"] == pytest.approx(0.3)
+    assert summary_metrics(parts)["rollout/truncated_prompt_rate"] == pytest.approx(0.3)
     # the module function keeps its signature and behaviour, and does not warn
     text = "a long prompt " * 40
     assert encode_prompt(tokenizer, text, 8) == encode_prompt_with_length(tokenizer, text, 8)[0]

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from hgpo_jax.trainers.rl import progress_line
+from hgpo_jax.trainers.iteration_metrics import progress_line
 from hgpo_jax.summary import (format_summary, learning_summary, plot_learning_curves, success_series,
                               summary_metrics)
 

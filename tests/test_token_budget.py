@@ -242,7 +242,7 @@ def test_critic_budget_update_equals_the_fixed_update(heads):
     each head trained at its own positions (a value mask per head; one head's mask empty in a
     whole fixed micro-batch). The value windows (W = 32 positions, responses <= 12 tokens) are cut
     to each micro-batch's length."""
-    from hgpo_jax.models.decoder import critic_from_policy
+    from hgpo_jax.models.critic import critic_from_policy
     from hgpo_jax.rl.batching import CriticRows
     from hgpo_jax.rl.critic import (critic_micro_weights, make_critic_budget_step,
                                     make_critic_step, value_counts)

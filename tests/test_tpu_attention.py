@@ -12,7 +12,8 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.models import DecoderConfig, make_mesh
-from hgpo_jax.models.decoder import CausalLM, attention, resolve_attention
+from hgpo_jax.models.attention import attention, resolve_attention
+from hgpo_jax.models.decoder import CausalLM
 from hgpo_jax.models.tpu_attention import _kernel, splash_attention, splash_blocks
 from hgpo_jax.rl.update import token_logprobs
 

@@ -291,7 +291,7 @@ def test_a_failed_start_closes_the_checkpointer(tmp_path, monkeypatch):
     """An error after the checkpoint manager exists (here: the env lookup) closes it, instead of
     leaving Orbax's event loop to be collected later ("Event loop is closed")."""
     from hgpo_jax import checkpoint
-    from hgpo_jax.trainers import rl as trainer_module
+    from hgpo_jax.trainers import evaluator as evaluator_module  # where the trainer looks up its env
 
     closed, close = [], checkpoint.Checkpointer.close
     monkeypatch.setattr(checkpoint.Checkpointer, "close", lambda self: (closed.append(self), close(self)))
@@ -299,7 +299,7 @@ def test_a_failed_start_closes_the_checkpointer(tmp_path, monkeypatch):
     def broken(name):
         raise RuntimeError("no such env today")
 
-    monkeypatch.setattr(trainer_module, "get_env", broken)
+    monkeypatch.setattr(evaluator_module, "get_env", broken)
     with pytest.raises(RuntimeError, match="no such env today"):
         Trainer(toy_config(tmp_path / "x"), progress=False)
     assert len(closed) == 1

@@ -15,7 +15,7 @@ from typing import Callable
 
 from hgpo_jax.envs.pool import EnvReply
 from hgpo_jax.envs.toy import ToyMemoryEnv
-from hgpo_jax.rl.rollout import Policy
+from hgpo_jax.rl.policy import Policy
 
 
 @dataclasses.dataclass

@@ -196,9 +196,10 @@ def episode_lines(episode, totals: dict[str, str]) -> list[str]:
 
 def demo_episode(args) -> int:
     """`demo --episode`: the run's latest policy plays one episode of its env with its agent
-    (`hgpo_jax.rl.rollout.watch_episode`), each turn printed as it is played."""
+    (`hgpo_jax.rl.episodes.watch_episode`), each turn printed as it is played."""
     from hgpo_jax.agents import get_agent
-    from hgpo_jax.rl.rollout import Policy, watch_episode
+    from hgpo_jax.rl.episodes import watch_episode
+    from hgpo_jax.rl.policy import Policy
     from hgpo_jax.runs import load_model
 
     choice = choose_episode(args)

@@ -2,7 +2,9 @@
 Hugging Face weight port and export."""
 
 from hgpo_jax.models.config import ConfigError, DecoderConfig, RopeScaling
-from hgpo_jax.models.decoder import CausalLM, CriticModel, KVCache
+from hgpo_jax.models.critic import CriticModel
+from hgpo_jax.models.decoder import CausalLM
+from hgpo_jax.models.kv_cache import KVCache
 from hgpo_jax.models.families import Family, family_names, get_family
 from hgpo_jax.models.hf_io import CheckpointError, load_pretrained, save_pretrained
 from hgpo_jax.models.safetensors_io import SafetensorsError

@@ -3,7 +3,7 @@
 `ragged_decode_attention(q, k, v, lengths)` is the sampler's decode attention on a GPU
 (`hgpo_jax.rl.sampling`, `generate(..., decode="ragged")`): each row's one new query attends to the
 first `lengths[b]` slots of its row of the cache, and slots past them are never read. The einsum
-decode (`decoder.attention`) reads every slot of the cache, the prompt bucket's padding and the
+decode (`attention.attention`) reads every slot of the cache, the prompt bucket's padding and the
 new-token slots not yet written included: at 128 rows x (2,048 + 512) slots that is about a third
 more cache than the rows' real tokens (issue 49; docs/training.md, "Decode over the filled cache").
 
@@ -15,7 +15,7 @@ partial outputs are combined after. Its layout is keys and values [B, S, K, hd];
 cache stores both [B, K, S, hd] (the kernel's own inner layout: `gqa` swaps the two axes, and the
 two swaps cancel in XLA), so no copy of the cache is made.
 
-How the cache becomes ragged (`decoder.KVCache(ragged=True)`): the prompts are right-padded, so
+How the cache becomes ragged (`kv_cache.KVCache(ragged=True)`): the prompts are right-padded, so
 row b's prompt is slots [0, len_b), and each new token is written at the row's own next slot
 (`KVCache.pos`) instead of one slot shared by all rows: the row's tokens stay slots [0, pos_b).
 

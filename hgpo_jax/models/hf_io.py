@@ -19,7 +19,8 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from hgpo_jax.models.config import DecoderConfig, resolve_dtype
-from hgpo_jax.models.decoder import CriticModel, CausalLM, check_num_heads, new_value_head
+from hgpo_jax.models.critic import CriticModel, check_num_heads, new_value_head
+from hgpo_jax.models.decoder import CausalLM
 from hgpo_jax.models.lora import LEAVES, LoraSpec, is_adapter_path, new_adapter_value
 from hgpo_jax.models import peft_io
 from hgpo_jax.models.safetensors_io import (CheckpointReader, output_folder, staged_folder,

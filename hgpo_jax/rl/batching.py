@@ -20,7 +20,7 @@ import flax.struct
 import jax
 import numpy as np
 
-from hgpo_jax.models.decoder import check_num_heads
+from hgpo_jax.models.critic import check_num_heads
 
 
 @dataclasses.dataclass

@@ -335,7 +335,7 @@ class Critic:
     are a `CriticState`, part of the run's device state).
 
     `Critic.build` makes it from the policy at the start of the run
-    (`models.decoder.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
+    (`models.critic.critic_from_policy`: the policy's backbone, a new head seeded with `seed`).
     A LoRA policy's critic has its own adapters and head on the policy's frozen base (the same
     arrays): its params are a `models.lora.Adapted`, its optimizer state covers what trains.
     """
@@ -360,7 +360,7 @@ class Critic:
         """(the critic's functions, its initial state) from the policy, with `num_heads` value
         heads (values [S, W] for one, [S, W, H] for H > 1); value_masks: its mini-batches carry
         each head's target positions (`CriticRows.value_mask`)."""
-        from hgpo_jax.models.decoder import critic_from_policy
+        from hgpo_jax.models.critic import critic_from_policy
         from hgpo_jax.rl.update import init_opt_state, param_shardings, shard_params
 
         graphdef, params = split_params(critic_from_policy(policy, seed, num_heads))

@@ -74,7 +74,7 @@ def evaluate_each_once(policy, env_pool, tasks: Sequence, *, seeds: Sequence[int
     sampling from seeds[0]; returns (the rates, as `evaluate_split`, [hgpo_jax.rl.rollout.
     EpisodeResult] in task order). `hgpo-jax eval --episodes` writes the episodes out, one per
     goal, for paired comparisons of two policies."""
-    from hgpo_jax.rl.rollout import play_each_once, summarize_episodes
+    from hgpo_jax.rl.episodes import play_each_once, summarize_episodes
 
     kw = dict(rollout_kwargs or {})
     chosen = list(tasks[:games] if games else tasks)
@@ -92,11 +92,11 @@ def evaluate_split(policy, env_pool, tasks: Sequence, *, protocol: str = "verl-a
 
     Returns {'all', task types..., 'mean_length', 'ended', 'episodes', 'failed'} ('score' too for
     an env with a task score, and under "each-once" its standard error 'score_sem';
-    `hgpo_jax.rl.rollout.evaluate`); "verl-agent" adds 'all_std' (std over
-    seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.rollout.evaluate`
+    `hgpo_jax.rl.episodes.evaluate`); "verl-agent" adds 'all_std' (std over
+    seeds) and 'seed<s>/all' per seed. rollout_kwargs go to `hgpo_jax.rl.episodes.evaluate`
     (spec, agent).
     """
-    from hgpo_jax.rl.rollout import evaluate
+    from hgpo_jax.rl.episodes import evaluate
 
     kw = dict(rollout_kwargs or {})
     if protocol == "each-once":

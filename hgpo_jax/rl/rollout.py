@@ -1,7 +1,6 @@
 """Multi-turn rollouts: all envs in lockstep, one batched `generate` per step.
 
     batch = collect_rollouts(policy, env_pool, tasks, group_size=8, max_steps=50, memory_len=2)
-    episode = watch_episode(policy, env, task, max_steps=50, memory_len=2, agent=agent)  # one env
 
 Env i runs task `tasks[i // group_size]`, so each group of `group_size` envs starts from the same
 state. Each step: the agent (`agent=`, hgpo_jax.agents) writes the prompts of the envs still
@@ -18,16 +17,15 @@ counts such prompts, and the first one in a process warns (`PromptCuts`).
 
 One loop plays (`play_lockstep`): it builds the prompts, samples, parses and steps the envs and
 keeps the memory, and hands each env turn (`PlayedTurn`) to a per-turn callback.
-`collect_rollouts` keeps the turns as the batch's rows; `watch_episode` runs the same loop on one
-env object (behind the pool's interface) and keeps every turn's observation, reply and parse as
-it is played (what `hgpo-jax demo --episode` shows).
+`collect_rollouts` keeps the turns as the batch's rows; `hgpo_jax.rl.episodes` plays through the
+same loop to evaluate (each task once) and to watch one env turn by turn (`hgpo-jax demo
+--episode`). The policy and its prompt encoding are `hgpo_jax.rl.policy`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,116 +34,11 @@ from tqdm.auto import tqdm
 
 from hgpo_jax.agents import DEFAULT_AGENT, Agent, Reply, Turn, get_agent
 from hgpo_jax.agents.registry import agent_spec
-from hgpo_jax.distributed import allgather_json, any_process
+from hgpo_jax.distributed import any_process
 from hgpo_jax.envs.pool import EnvReply
 from hgpo_jax.envs.prompts import success_rates
 from hgpo_jax.envs.registry import EnvSpec
-
-
-def encode_prompt(tokenizer, text: str, max_prompt_tokens: int) -> list[int]:
-    """The token ids a step's prompt text becomes: the tokenizer's chat template around one user
-    message, cut to its last `max_prompt_tokens` tokens (left truncation, as the authors')."""
-    return encode_prompt_with_length(tokenizer, text, max_prompt_tokens)[0]
-
-
-def encode_prompt_with_length(tokenizer, text: str, max_prompt_tokens: int) -> tuple[list[int], int]:
-    """(`encode_prompt`'s token ids, the prompt's length in tokens before the cut): the prompt
-    lost its start when the length is beyond `max_prompt_tokens`."""
-    ids = tokenizer.chat_prompt([{"role": "user", "content": text}])
-    return ids[-max_prompt_tokens:], len(ids)
-
-
-_warned_prompt_cut = False  # the first prompt cut in this process warns; later ones are counted only
-
-
-def prompt_cut_message(max_prompt_tokens: int, longest: int) -> str:
-    """The warning of the first prompt `rollout.max_prompt_tokens` cuts (one line)."""
-    return (f"rollout.max_prompt_tokens={max_prompt_tokens} cut the start of a prompt: the longest "
-            f"prompt so far has {longest} tokens, of which the model sees the last "
-            f"{max_prompt_tokens} (the task and the oldest memory go first); raise "
-            f"rollout.max_prompt_tokens to at least {longest} or shorten the prompts "
-            "(env.memory_len), and watch rollout/truncated_prompt_rate")
-
-
-@dataclasses.dataclass
-class PromptCuts:
-    """What a policy's `encode_prompt` has done so far: prompts encoded, prompts cut to
-    `max_prompt_tokens` (left truncation) and the longest prompt seen, in tokens before any cut.
-    The first cut in a process warns once (`prompt_cut_message`)."""
-
-    prompts: int = 0
-    cut: int = 0
-    longest: int = 0
-
-    def add(self, length: int, max_prompt_tokens: int) -> None:
-        """Count one prompt of `length` tokens (before the cut)."""
-        global _warned_prompt_cut
-        self.prompts += 1
-        self.longest = max(self.longest, length)
-        if length > max_prompt_tokens:
-            self.cut += 1
-            if not _warned_prompt_cut:
-                _warned_prompt_cut = True
-                warnings.warn(prompt_cut_message(max_prompt_tokens, self.longest), UserWarning,
-                              stacklevel=3)
-
-
-@dataclasses.dataclass
-class Policy:
-    """What a rollout needs of the model: weights, tokenizer, sampling settings and the sampler
-    whose compiled programs it generates with (`hgpo_jax.rl.sampling.Sampler`: a run passes its
-    own to every policy it makes, so its programs are reused across iterations and go with the
-    run; default: a sampler of this policy's own)."""
-
-    model: Any
-    tokenizer: Any
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 512
-    max_prompt_tokens: int = 2048
-    prefill_chunk: int = -1  # the sampler's prefill chunk (-1 = auto; `generate`'s prefill_chunk)
-    decode_attention: str = "auto"  # the sampler's decode attention (`generate`'s decode)
-    max_num_seqs: int = 0  # the most prompts generated at once (`generate`'s max_rows; 0 = all)
-    sampler: Any = dataclasses.field(default=None, repr=False, compare=False)
-    # prompts encoded and cut so far (collect_rollouts reports each rollout's share)
-    prompt_cuts: PromptCuts = dataclasses.field(default_factory=PromptCuts, repr=False, compare=False)
-
-    def __post_init__(self):
-        if self.sampler is None:
-            from hgpo_jax.rl.sampling import Sampler
-
-            self.sampler = Sampler()
-
-    @classmethod
-    def of_rollout(cls, model, tokenizer, rollout, temperature: float, sampler=None) -> "Policy":
-        """The policy a config's `rollout` section samples with (its top_p, top_k, max_new_tokens,
-        max_prompt_tokens, prefill_chunk, decode_attention, max_num_seqs), at `temperature`,
-        generating with `sampler` (None: a sampler of its own)."""
-        return cls(model, tokenizer, temperature=temperature, top_p=rollout.top_p,
-                   top_k=rollout.top_k, max_new_tokens=rollout.max_new_tokens,
-                   max_prompt_tokens=rollout.max_prompt_tokens, prefill_chunk=rollout.prefill_chunk,
-                   decode_attention=rollout.decode_attention, max_num_seqs=rollout.max_num_seqs,
-                   sampler=sampler)
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """Chat-template a user message; keeps the last `max_prompt_tokens` tokens if too long
-        (counted in `prompt_cuts`)."""
-        ids, length = encode_prompt_with_length(self.tokenizer, text, self.max_prompt_tokens)
-        self.prompt_cuts.add(length, self.max_prompt_tokens)
-        return ids
-
-    def generate(self, prompts: list[list[int]], rng, row_ids=None):
-        """Sample a reply to each prompt; row_ids: each prompt's row (its env's global index),
-        which makes the samples independent of the batch and of the process count."""
-        from hgpo_jax.rl.sampling import generate
-
-        return generate(self.model, prompts, self.max_new_tokens, temperature=self.temperature,
-                        top_p=self.top_p, top_k=self.top_k,
-                        eos_token_id=self.tokenizer.eos_token_ids, rng=rng,
-                        prefill_chunk=self.prefill_chunk, row_ids=row_ids,
-                        decode=self.decode_attention, max_rows=self.max_num_seqs,
-                        sampler=self.sampler)
+from hgpo_jax.rl.policy import Policy, encode_prompt
 
 
 @dataclasses.dataclass
@@ -301,6 +194,7 @@ class ReplayedTurn:
 
     prompt_ids: list[int]
     action: str
+    anchor: Any = None  # the anchor of the observation it was played from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,90 +257,132 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     # seconds: env resets; prompt building + tokenizing; generate; reply decoding + parsing;
     # env steps
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
-
     t0 = time.perf_counter()
-    replies = env_pool.reset(list(env_tasks))
+    envs = Lockstep.reset(env_pool, env_tasks, spec.score_key)
     timing["env_reset"] = time.perf_counter() - t0
-    obs = [r.obs for r in replies]
-    infos = [r.info for r in replies]
-    failed = [r.failed for r in replies]
-    running = [not r.failed for r in replies]
-    task_text = [task_of(info) if not f else "" for info, f in zip(infos, failed)]
-    history: list[list[Turn]] = [[] for _ in range(num_envs)]
-    won = [False] * num_envs
-    score = [None] * num_envs
-    prefix_anchors: list[list] = [[] for _ in range(num_envs)]  # one per replayed step
-    prefix_turns: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
-
-    def record(i: int, r: EnvReply) -> None:  # an env's answer to a turn played (prefix or policy)
-        obs[i], infos[i] = r.obs, r.info
-        won[i] = won[i] or bool(r.info.get("won", False))
-        if spec.score_key is not None:
-            score[i] = float(r.info.get(spec.score_key, 0.0))
-        if r.done:
-            running[i] = False
-
+    replayed: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
     if prefixes is not None:
-        if len(prefixes) != num_envs:
-            raise ValueError(f"prefixes: one list of actions per env, {num_envs}, not {len(prefixes)}")
-        t1 = time.perf_counter()
-        for j in range(min(max(map(len, prefixes), default=0), max_steps)):
-            actions = {i: prefixes[i][j] for i in range(num_envs) if running[i] and j < len(prefixes[i])}
-            if not actions:
-                break
-            shown = {i: encode_prompt(policy.tokenizer, step_prompt(
-                agent, task_text[i], obs[i], infos[i], history[i], memory_len),
-                policy.max_prompt_tokens) for i in actions} if sft_prompts else {}
-            for i, r in env_pool.step(actions).items():
-                if r.failed:
-                    failed[i], running[i] = True, False
-                    continue
-                history[i].append(agent.remember(obs[i], replayed_reply(actions[i])))
-                prefix_anchors[i].append(infos[i]["anchor"])
-                if sft_prompts:
-                    prefix_turns[i].append(ReplayedTurn(shown[i], actions[i]))
-                record(i, r)
-        timing["prefix"] = time.perf_counter() - t1
-
+        t0 = time.perf_counter()
+        replayed = replay_prefixes(envs, env_pool, prefixes, agent, memory_len, max_steps,
+                                   policy if sft_prompts else None)
+        timing["prefix"] = time.perf_counter() - t0
+    prefix_steps = [len(r) for r in replayed]
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
-        active = [i for i in range(num_envs)
-                  if running[i] and len(prefix_anchors[i]) + t < max_steps]
+        active = [i for i in range(num_envs) if envs.running[i] and prefix_steps[i] + t < max_steps]
         # processes sample together (one SPMD program): one with no env left still takes part
         if not (any_process(bool(active)) if together else active):
             break
-        t1 = time.perf_counter()
-        prompts = [policy.encode_prompt(step_prompt(agent, task_text[i], obs[i], infos[i],
-                                                    history[i], memory_len)) for i in active]
-        timing["prompts"] += time.perf_counter() - t1
         key, sub = jax.random.split(key)
-        t1 = time.perf_counter()
-        out = policy.generate(prompts, sub, row_ids=[first_env + i for i in active])
-        timing["generate"] += time.perf_counter() - t1
-        t1 = time.perf_counter()
-        texts, parsed = {}, {}
-        for i, toks in zip(active, out.tokens):
-            texts[i] = policy.tokenizer.decode(toks)
-            parsed[i] = agent.parse(texts[i])
-        timing["replies"] += time.perf_counter() - t1
-        t2 = time.perf_counter()
-        step_replies = env_pool.step({i: reply.action for i, reply in parsed.items()})
-        timing["env_step"] += time.perf_counter() - t2
-        for j, i in enumerate(active):
-            r = step_replies[i]
-            if r.failed:
-                failed[i], running[i] = True, False
-                continue
-            on_turn(PlayedTurn(i, t, obs[i], infos[i], prompts[j], list(out.tokens[j]),
-                               list(out.logprobs[j]), texts[i], parsed[i], r,
-                               float(spec.train_reward(r.reward, r.info))))
-            history[i].append(agent.remember(obs[i], parsed[i]))
-            record(i, r)
+        play_policy_step(envs, env_pool, policy, agent, active, t, memory_len, sub, first_env,
+                         spec, on_turn, timing)
         bar.update(1)
     bar.close()
-    return Played(task_text, won, failed, score if spec.score_key is not None else None, timing,
-                  prefix_anchors=prefix_anchors,
-                  prefix_turns=prefix_turns if sft_prompts else [])
+    return Played(envs.task, envs.won, envs.failed, envs.score if spec.score_key is not None
+                  else None, timing, prefix_anchors=[[r.anchor for r in rs] for rs in replayed],
+                  prefix_turns=replayed if sft_prompts else [])
+
+
+@dataclasses.dataclass
+class Lockstep:
+    """The envs of one `play_lockstep` between turns, each list [M]: the current observation and
+    info, whether the pool failed the env, whether it still runs, its task text (its reset's;
+    "" for an env that failed there), its memory (every turn as the agent keeps it), whether it
+    was won and its score (None until a turn; None throughout for an env without one)."""
+
+    obs: list
+    infos: list
+    failed: list
+    running: list
+    task: list
+    history: list
+    won: list
+    score: list
+    score_key: str | None = None
+
+    @classmethod
+    def reset(cls, env_pool, env_tasks: Sequence, score_key: str | None = None) -> "Lockstep":
+        replies = env_pool.reset(list(env_tasks))
+        n = len(replies)
+        return cls(obs=[r.obs for r in replies], infos=[r.info for r in replies],
+                   failed=[r.failed for r in replies], running=[not r.failed for r in replies],
+                   task=[task_of(r.info) if not r.failed else "" for r in replies],
+                   history=[[] for _ in range(n)], won=[False] * n, score=[None] * n,
+                   score_key=score_key)
+
+    def prompt(self, i: int, agent: Agent, memory_len: int) -> str:
+        """Env i's prompt text now (`step_prompt`)."""
+        return step_prompt(agent, self.task[i], self.obs[i], self.infos[i], self.history[i],
+                           memory_len)
+
+    def record(self, i: int, r: EnvReply, remembered: Turn) -> None:
+        """Env i's answer `r` to a turn (replayed or the policy's) whose memory is `remembered`;
+        an answer the pool failed ends the env instead (nothing kept)."""
+        if r.failed:
+            self.failed[i], self.running[i] = True, False
+            return
+        self.history[i].append(remembered)
+        self.obs[i], self.infos[i] = r.obs, r.info
+        self.won[i] = self.won[i] or bool(r.info.get("won", False))
+        if self.score_key is not None:
+            self.score[i] = float(r.info.get(self.score_key, 0.0))
+        if r.done:
+            self.running[i] = False
+
+
+def replay_prefixes(envs: Lockstep, env_pool, prefixes: Sequence[Sequence[str]], agent: Agent,
+                    memory_len: int, max_steps: int, policy: Policy | None = None) -> list[list]:
+    """Send each env its expert actions first (`prefixes[i]`; step j of every env that has one
+    together, at most `max_steps`), each kept in the memory as a turn of the agent's own
+    (`replayed_reply`); returns [M] lists of `ReplayedTurn`s (the anchor each was played from,
+    and with `policy` the prompt the policy would have seen there, for prefix SFT; these prompts
+    are not counted in its `prompt_cuts`)."""
+    num_envs = len(envs.obs)
+    if len(prefixes) != num_envs:
+        raise ValueError(f"prefixes: one list of actions per env, {num_envs}, not {len(prefixes)}")
+    replayed: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
+    for j in range(min(max(map(len, prefixes), default=0), max_steps)):
+        actions = {i: prefixes[i][j] for i in range(num_envs)
+                   if envs.running[i] and j < len(prefixes[i])}
+        if not actions:
+            break
+        shown = {i: encode_prompt(policy.tokenizer, envs.prompt(i, agent, memory_len),
+                                  policy.max_prompt_tokens) for i in actions} if policy else {}
+        for i, r in env_pool.step(actions).items():
+            turn = ReplayedTurn(shown.get(i, []), actions[i], envs.infos[i]["anchor"])
+            envs.record(i, r, agent.remember(envs.obs[i], replayed_reply(actions[i])))
+            if not r.failed:
+                replayed[i].append(turn)
+    return replayed
+
+
+def play_policy_step(envs: Lockstep, env_pool, policy: Policy, agent: Agent, active: list[int],
+                     t: int, memory_len: int, key, first_env: int, spec: EnvSpec,
+                     on_turn: Callable[[PlayedTurn], None], timing: dict) -> None:
+    """Step t of the policy's turns for the `active` envs: their prompts, one batched generate
+    (row ids: the envs' global indices, `first_env` + i), the agent's parse, one pool step;
+    `on_turn` sees each turn the pool did not fail, before the memory keeps it. `timing`'s
+    seconds grow by this step's."""
+    t1 = time.perf_counter()
+    prompts = [policy.encode_prompt(envs.prompt(i, agent, memory_len)) for i in active]
+    timing["prompts"] += time.perf_counter() - t1
+    t1 = time.perf_counter()
+    out = policy.generate(prompts, key, row_ids=[first_env + i for i in active])
+    timing["generate"] += time.perf_counter() - t1
+    t1 = time.perf_counter()
+    texts = {i: policy.tokenizer.decode(toks) for i, toks in zip(active, out.tokens)}
+    parsed = {i: agent.parse(text) for i, text in texts.items()}
+    timing["replies"] += time.perf_counter() - t1
+    t1 = time.perf_counter()
+    answers = env_pool.step({i: reply.action for i, reply in parsed.items()})
+    timing["env_step"] += time.perf_counter() - t1
+    for j, i in enumerate(active):
+        r = answers[i]
+        if not r.failed:
+            on_turn(PlayedTurn(i, t, envs.obs[i], envs.infos[i], prompts[j], list(out.tokens[j]),
+                               list(out.logprobs[j]), texts[i], parsed[i], r,
+                               float(spec.train_reward(r.reward, r.info))))
+        envs.record(i, r, agent.remember(envs.obs[i], parsed[i]))
 
 
 def replayed_reply(action: str) -> Reply:
@@ -549,173 +485,3 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
                                 for i in kept],
         episode_prefix_turns=[list(played.prefix_turns[i]) for i in kept]
         if played.prefix_turns else None)
-
-
-def mean_and_sem(values: Sequence[float]) -> tuple[float, float]:
-    """(mean, standard error of the mean) of `values` [n]: the sample std (ddof 1) / sqrt(n);
-    (0, 0) for no values, (value, 0) for one."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        return 0.0, 0.0
-    return float(x.mean()), float(x.std(ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeResult:
-    """One evaluation episode: `index` of its task in the evaluated list, the task, its type, whether
-    it was won, the env's episode score (0.0 for an env without one), its steps, and whether the env
-    itself ended it (`done`) within the step limit rather than the limit cutting it."""
-
-    index: int
-    task: Any
-    task_type: str
-    won: bool
-    score: float
-    length: int
-    ended: bool
-
-
-def play_each_once(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-                   rng=0, spec: EnvSpec | None = None, agent: Agent | None = None,
-                   progress: bool = False) -> tuple[list[EpisodeResult], int]:
-    """Play every task once (in chunks of `env_pool.num_envs` envs) with `policy`; returns the
-    episodes in task order and the number of tasks whose episode an env failure lost. A chunk
-    plays only as many envs as it has tasks (the last one is often smaller), the pool's other
-    envs idle: each env's replies are drawn with its global index as the row id, so a task's
-    episode does not depend on how many others play beside it.
-
-    In a multi-process run every process calls this with the same tasks and its own pool: each chunk
-    of (pool size x processes) tasks is split evenly over the processes (a smaller chunk padded
-    with its last task to a multiple of the process count; the padding's episodes are dropped),
-    and every process returns all the episodes."""
-    import jax
-
-    n, procs = env_pool.num_envs, jax.process_count()
-    key = jax.random.PRNGKey(rng) if isinstance(rng, int) else rng
-    played, failed = [], 0
-    for start in tqdm(range(0, len(tasks), n * procs), desc="evaluate", unit="batch", disable=not progress):
-        chunk = list(tasks[start:start + n * procs])
-        real = len(chunk)
-        per = -(-real // procs)  # envs each process plays
-        chunk += [chunk[-1]] * (per * procs - real)
-        lo = per * jax.process_index()
-        key, sub = jax.random.split(key)
-        batch = collect_rollouts(policy, env_pool, chunk[lo:lo + per], 1, max_steps, memory_len,
-                                 rng=sub, spec=spec, agent=agent)
-        score = (batch.episode_score.tolist() if batch.episode_score is not None
-                 else [0.0] * len(batch.episode_traj))
-        done = set(batch.traj_id[batch.done].tolist())
-        episodes = [e for part in allgather_json(
-            [[lo + int(i), bool(w), t, x, int(steps), int(i) in done] for i, w, t, x, steps in
-             zip(batch.episode_traj, batch.episode_won, batch.episode_task_type, score,
-                 batch.episode_length)]) for e in part]
-        kept = {e[0] for e in episodes}
-        failed += sum(1 for i in range(real) if i not in kept)
-        played += [EpisodeResult(start + i, chunk[i], t, bool(w), float(x), int(steps), bool(d))
-                   for i, w, t, x, steps, d in sorted(episodes, key=lambda e: e[0]) if i < real]
-    return played, failed
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchedTurn:
-    """One turn of `watch_episode`: the observation the prompt showed, the prompt's tokens (after
-    the cut to the policy's max_prompt_tokens), the model's reply as decoded, the agent's parse of
-    it (`Reply`: the action sent to the env, valid, the plan carried), and the env's answer: the
-    turn's training reward (`EnvSpec.train_reward`) and whether the episode ended."""
-
-    observation: str
-    prompt_tokens: int
-    reply: str
-    parsed: Reply
-    reward: float
-    done: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchedEpisode:
-    """One episode of `watch_episode`: the task text, its turns in order, whether it was won and
-    the env's episode score (None for an env without one, `EnvSpec.score_key`)."""
-
-    task: str
-    turns: tuple[WatchedTurn, ...]
-    won: bool
-    score: float | None = None
-
-    @property
-    def reward(self) -> float:
-        """The turns' training rewards summed."""
-        return float(sum(t.reward for t in self.turns))
-
-
-class _OneEnv:
-    """One env object (`hgpo_jax.envs.base.Env`) behind the pool interface `play_lockstep`
-    steps (`EnvPool.reset` / `step` of env 0), in this process: no worker, no failure
-    isolation (the env's exceptions propagate), its answers as the env gives them."""
-
-    num_envs = 1
-
-    def __init__(self, env):
-        self.env = env
-
-    def reset(self, tasks: Sequence) -> list[EnvReply]:
-        obs, info = self.env.reset(tasks[0])
-        return [EnvReply(obs, 0.0, False, info)]
-
-    def step(self, actions: dict[int, str]) -> dict[int, EnvReply]:
-        return {0: EnvReply(*self.env.step(actions[0]))}
-
-
-def watch_episode(policy: Policy, env, task, max_steps: int, memory_len: int = 2, *, rng=0,
-                  spec: EnvSpec | None = None, agent: Agent | None = None,
-                  on_turn: Callable[[int, WatchedTurn], None] | None = None) -> WatchedEpisode:
-    """Play one episode of `task` on one env object (`hgpo_jax.envs.base.Env`, no pool) with
-    `policy`, keeping every turn's observation, reply and parse (`hgpo-jax demo --episode`).
-
-    The rollout's own loop (`play_lockstep`) over this one env, seen through its per-turn
-    callback: `step_prompt` over the task text, the memory of `agent.remember`'s turns and the
-    window `memory_len`; one `generate` per step (rng: int seed or PRNG key, split per step, the
-    env's row id 0, so it samples what `collect_rollouts` of this one task in a pool of one env
-    samples); `agent.parse`'s action sent to the env, valid or not; at most `max_steps` steps.
-    spec, agent: as `collect_rollouts`'. on_turn(t, turn): called after each turn t (0-based) is
-    played, e.g. to print it as the episode goes."""
-    turns: list[WatchedTurn] = []
-
-    def watch(turn: PlayedTurn) -> None:
-        turns.append(WatchedTurn(turn.observation, len(turn.prompt_ids), turn.reply, turn.parsed,
-                                 turn.reward, bool(turn.answer.done)))
-        if on_turn is not None:
-            on_turn(len(turns) - 1, turns[-1])
-
-    played = play_lockstep(policy, _OneEnv(env), [task], max_steps, memory_len, watch, rng=rng,
-                           spec=spec, agent=agent, together=False)
-    return WatchedEpisode(played.task[0], tuple(turns), played.won[0],
-                          None if played.score is None else played.score[0])
-
-
-def summarize_episodes(episodes: Sequence[EpisodeResult], failed: int = 0,
-                       scored: bool = False) -> dict[str, float]:
-    """The rates of evaluation episodes: success overall ('all') and per task type, 'episodes' and
-    'failed' (episodes lost to env failures, left out of the rates), 'mean_length' (steps per
-    episode), 'ended' (the share the env itself ended within the step limit: a purchase in
-    WebShop), and where `scored` (the env has a task score) 'score', the mean episode score, and
-    'score_sem', its standard error over the episodes (sample std / sqrt(n); 0 for one episode)."""
-    won = [e.won for e in episodes]
-    rates = success_rates([e.task_type for e in episodes], won) if won else {"all": 0.0}
-    if scored:
-        rates["score"], rates["score_sem"] = mean_and_sem([e.score for e in episodes])
-    rates.update({"mean_length": float(np.mean([e.length for e in episodes])) if episodes else 0.0,
-                  "ended": float(np.mean([e.ended for e in episodes])) if episodes else 0.0,
-                  "episodes": float(len(episodes)), "failed": float(failed)})
-    return rates
-
-
-def evaluate(policy: Policy, env_pool, tasks: Sequence, max_steps: int, memory_len: int = 2, *,
-             rng=0, spec: EnvSpec | None = None, agent: Agent | None = None,
-             progress: bool = False) -> dict[str, float]:
-    """`summarize_episodes` of `play_each_once`: play every task once with `policy` and return
-    the rates ('score' and 'score_sem' for an env with a task score, spec.score_key).
-
-    Use the paper's eval temperature (0.4) in `policy`."""
-    episodes, failed = play_each_once(policy, env_pool, tasks, max_steps, memory_len, rng=rng,
-                                      spec=spec, agent=agent, progress=progress)
-    return summarize_episodes(episodes, failed, scored=spec is not None and spec.score_key is not None)

@@ -50,8 +50,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hgpo_jax.distributed import local_rows, max_over_processes
-from hgpo_jax.models.decoder import (KVCache, cast_to_compute, failure_line, relayout_layers,
-                                     resolve_attention)
+from hgpo_jax.models.attention import failure_line, resolve_attention
+from hgpo_jax.models.decoder import cast_to_compute, relayout_layers
+from hgpo_jax.models.kv_cache import KVCache
 from hgpo_jax.models.gpu_attention import ragged_slots
 from hgpo_jax.models.lora import merge_params
 from hgpo_jax.models.xla_options import compiler_options
@@ -528,7 +529,7 @@ DECODE_ATTENTIONS = ("auto", "einsum", "ragged")
 
 def decode_path(requested: str, prefill_attention: str, unrolled: bool, head_size: int = 128,
                 platform: str | None = None) -> str:
-    """The attention of the sampler's decode: 'einsum' (`decoder.attention` over every slot of
+    """The attention of the sampler's decode: 'einsum' (`attention.attention` over every slot of
     the cache: the prompt bucket's padding and the new-token slots not yet written included) or
     'ragged' (`gpu_attention.ragged_decode_attention`: each row's tokens only). requested: 'auto'
     (ragged on a GPU where the prefill is fused, the layers run unrolled and the head size is a
@@ -714,7 +715,7 @@ def _prefill_static(model, rows_per_device: int, prompt_slots: int, prefill_chun
 
 class Sampler:
     """A cache of compiled generation programs, one per bucket (see the module docstring), owned
-    by whoever generates with it: a run (`hgpo_jax.rl.rollout.Policy.sampler`, the trainer's and
+    by whoever generates with it: a run (`hgpo_jax.rl.policy.Policy.sampler`, the trainer's and
     the evaluator's), a command, a test. Nothing is shared between owners, and the programs go
     with their owner (`clear`, or the owner dropped).
 

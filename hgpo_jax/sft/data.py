@@ -7,7 +7,7 @@
 A sample is exactly what the RL rollout shows the model at that step: the same agent's prompt
 (`hgpo_jax.agents.Agent.prompt`) with the same memory of past turns (what `agent.remember` keeps
 of the parsed scripted reply), the same chat template and left truncation
-(`hgpo_jax.rl.rollout.encode_prompt`). The response is the agent's reply for the scripted action
+(`hgpo_jax.rl.policy.encode_prompt`). The response is the agent's reply for the scripted action
 (`agent.scripted_reply`; verl-agent: a short reasoning line in <think> </think> and the action in
 <action> </action>), followed by the end-of-turn token, so the model learns to stop. The loss
 covers the response tokens only.
@@ -113,7 +113,7 @@ def tokenize_samples(texts: Iterable[tuple[str, str]], tokenizer, max_prompt_tok
                      max_response_tokens: int | None = None) -> list[SftSample]:
     """Token ids of each (prompt, response): the rollout's prompt encoding; the response's
     tokens plus the end-of-turn token (a response longer than `max_response_tokens` is cut)."""
-    from hgpo_jax.rl.rollout import encode_prompt
+    from hgpo_jax.rl.policy import encode_prompt
 
     end = tokenizer.end_of_turn_id
     out = []

@@ -159,7 +159,7 @@ def _max_positions(config_json: str) -> int | None:
 
 def check_attention(attention: str, compute_dtype: str, backend: str) -> None:
     """`model.attention` can run on `backend` (jax.default_backend()): cudnn needs a GPU and 16-bit
-    activations, splash does not run on a GPU (`hgpo_jax.models.decoder.resolve_attention`)."""
+    activations, splash does not run on a GPU (`hgpo_jax.models.attention.resolve_attention`)."""
     fix = "use model.attention=auto (it picks what runs here) or model.attention=einsum"
     if attention == "cudnn" and backend != "gpu":
         raise ValueError(f"model.attention=cudnn is cuDNN flash attention, which runs on a GPU only, "
@@ -192,7 +192,7 @@ def check_decode_attention(decode: str, attention: str, compute_dtype: str, back
         raise ValueError(f"rollout.decode_attention=ragged is a Pallas GPU kernel and JAX's "
                          f"backend here is {backend} (off a GPU it runs only interpreted, in "
                          f"tests); {fix}")
-    from hgpo_jax.models.decoder import resolve_attention
+    from hgpo_jax.models.attention import resolve_attention
 
     if resolve_attention(attention, compute_dtype, 128, backend) == "einsum":
         raise ValueError(f"rollout.decode_attention=ragged needs a fused prefill (right-padded "

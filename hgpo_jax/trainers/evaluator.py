@@ -24,7 +24,7 @@ from hgpo_jax.agents import get_agent
 from hgpo_jax.envs.registry import get_env, with_reward
 from hgpo_jax.models import make_mesh
 from hgpo_jax.rl.evaluation import evaluate_each_once, evaluate_split
-from hgpo_jax.rl.rollout import Policy
+from hgpo_jax.rl.policy import Policy
 from hgpo_jax.rl.sampling import Sampler
 from hgpo_jax.runs import check_process_mesh, load_policy
 
@@ -104,7 +104,7 @@ class Evaluator:
 
     def evaluate_episodes(self, split: str, games: int | None = None):
         """`evaluate` under the "each-once" protocol, keeping every episode: (the same
-        {'eval/<split>/<rate>': value}, [hgpo_jax.rl.rollout.EpisodeResult] in task order)."""
+        {'eval/<split>/<rate>': value}, [hgpo_jax.rl.episodes.EpisodeResult] in task order)."""
         e = self.cfg.eval
         if e.protocol != "each-once":
             raise ValueError(f"per-episode results need eval.protocol=each-once (each game once); this "

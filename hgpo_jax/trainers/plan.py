@@ -10,7 +10,7 @@ GPU one). Use it to check that a 7B run fits before renting GPUs.
 Attention: the plan compiles the path `model.attention` takes on the target platform
 (`--target`, default gpu). cuDNN flash attention has no CPU kernel (nor has the TPU splash kernel,
 `--target tpu`, but an interpreter), so on CPU a stand-in with their memory profile is compiled
-instead (`decoder._flash_standin`: output and logsumexp residuals, no
+instead (`attention._flash_standin`: output and logsumexp residuals, no
 [T, S] buffer); its values are never computed.
 """
 
@@ -26,7 +26,7 @@ from flax import nnx
 
 from hgpo_jax.models import CausalLM, DecoderConfig, RopeScaling, make_mesh
 from hgpo_jax.models.config import resolve_dtype
-from hgpo_jax.models.decoder import resolve_attention
+from hgpo_jax.models.attention import resolve_attention
 from hgpo_jax.models.lora import Adapted, split_params, trainable
 from hgpo_jax.models.sharding import tensor_axis_problem
 from hgpo_jax.models.xla_options import plan_compiler_options
@@ -444,7 +444,7 @@ def _format_sampler(p: dict) -> list[str]:
         f"    decode                 {g(p['sampler_decode_bytes'])}  (temporaries "
         f"{p['sampler_decode_temp_bytes'] / GIB:.2f} + carry and inputs)",
         f"    sampler peak           {g(p['sampler_peak_bytes'])}",
-        f"  per device during `hgpo-jax eval` (the policy alone: its weights + the sampler):",
+        "  per device during `hgpo-jax eval` (the policy alone: its weights + the sampler):",
         f"    eval peak              {g(p['sampler_eval_peak_bytes'])}",
     ]
 

@@ -20,14 +20,10 @@ One iteration (docs/training.md):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
-from collections import defaultdict
-from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,195 +34,27 @@ from hgpo_jax.envs.registry import get_env
 from hgpo_jax.models.lora import adapters_off
 from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_algorithm, loss_config,
                                     scoring_temperature)
-from hgpo_jax.rl.batching import (PolicyRows, SftRows, TokenRows, budget_ladder,
-                                   fixed_micro_row_weights, fixed_micro_weights, gather_rows,
-                                   minibatch_indices, pack_rows, packed_shape, take_micro)
-from hgpo_jax.rl.ppo import LossConfig
-from hgpo_jax.rl.update import (batch_sharding, budget_micros, budget_plan, budget_update,
-                               make_logprob_fn, on_mesh)
+from hgpo_jax.rl.batching import (PolicyRows, SftRows, TokenRows, budget_ladder, gather_rows,
+                                   minibatch_indices, pack_rows, packed_shape)
 from hgpo_jax.rl.guide import Guide, Plan, clusters_of
+from hgpo_jax.rl.policy import Policy
+from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.prefix_sft import prefix_sft_rows
-from hgpo_jax.rl.rollout import Policy, RolloutBatch, collect_rollouts, summary_metrics
+from hgpo_jax.rl.rollout import RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.rl.sampling import Sampler
+from hgpo_jax.rl.update import budget_update, make_logprob_fn, on_mesh
 from hgpo_jax.runs import CHECKPOINTS, Run
+from hgpo_jax.trainers.budget import budget_minibatch, budget_rows_pass, budget_sft_minibatch
 from hgpo_jax.trainers.evaluator import Evaluator, env_and_agent, make_env_pool
+from hgpo_jax.trainers.iteration_metrics import (mean_metrics, merge_row_statistics,
+                                                 prefix_sft_metrics, progress_line)
+from hgpo_jax.trainers.state import LoopState, TaskSampler, TrainState
 
 
 # --------------------------------------------------------------------------- set-up helpers
 def build_loss_config(cfg) -> LossConfig:
     """The config's PPO-KL loss settings (`cfg.algo`, at the rollout's `scoring_temperature`)."""
     return loss_config(cfg.algo, scoring_temperature(cfg.rollout))
-
-
-def progress_line(iteration: int, total: int, metrics: dict[str, float]) -> str:
-    """One line per iteration: success (training rollouts and held-out splits), invalid replies,
-    losses, time."""
-    parts = [f"it {iteration:>4}/{total}"]
-    for key, label in (("success/all", "success"), ("rollout/invalid_action_rate", "invalid"),
-                       ("train/loss", "loss"), ("train/kl_loss", "kl")):
-        if key in metrics:
-            parts.append(f"{label} {metrics[key]:.3f}")
-    for key in sorted(metrics):
-        if key.startswith("eval/") and key.endswith("/all") and key.count("/") == 2:
-            parts.append(f"{key[5:-4]} {metrics[key]:.3f}")
-    if "time/iteration" in metrics:
-        parts.append(f"{metrics['time/iteration']:.1f}s")
-    return "  ".join(parts)
-
-
-class TaskSampler:
-    """Draws training tasks without replacement, reshuffling per pass; its state is JSON-able."""
-
-    def __init__(self, tasks: list, seed: int):
-        self.tasks = list(tasks)
-        self.rng = np.random.default_rng(seed)
-        self.order = self.rng.permutation(len(self.tasks))
-        self.cursor = 0
-
-    def next(self, n: int) -> list:
-        out = []
-        for _ in range(n):
-            if self.cursor >= len(self.order):
-                self.order, self.cursor = self.rng.permutation(len(self.tasks)), 0
-            out.append(self.tasks[int(self.order[self.cursor])])
-            self.cursor += 1
-        return out
-
-    def state(self) -> dict:
-        return {"cursor": self.cursor, "order": self.order.tolist(),
-                "rng": self.rng.bit_generator.state}
-
-    def load(self, state: dict) -> None:
-        self.cursor = int(state["cursor"])
-        self.order = np.asarray(state["order"], np.int64)
-        self.rng.bit_generator.state = state["rng"]
-
-
-def merge_row_statistics(parts: list[dict]) -> tuple[dict[str, float], float]:
-    """(metrics, tokens): the per-row statistics of an iteration over all processes. parts: one dict per process,
-    {"rows": n, "adv": [sum, sum of squares], "tokens": t, "logp_gap": [sum, count],
-    "row_means": {metric: mean over its rows}}; row means are weighted by rows."""
-    rows = sum(p["rows"] for p in parts)
-    adv_sum, adv_sq = (sum(p["adv"][i] for p in parts) for i in (0, 1))
-    mean = adv_sum / max(rows, 1)
-    gap, count = (sum(p["logp_gap"][i] for p in parts) for i in (0, 1))
-    out = {"train/mean_advantage": mean,
-           "train/std_advantage": math.sqrt(max(adv_sq / max(rows, 1) - mean * mean, 0.0)),
-           "train/rollout_vs_policy_logp_gap": gap / max(count, 1)}
-    for key in sorted({k for p in parts for k in p["row_means"]}):
-        held = [(p["rows"], p["row_means"][key]) for p in parts if key in p["row_means"]]
-        out[key] = sum(n * v for n, v in held) / max(sum(n for n, _ in held), 1)
-    return out, float(sum(p["tokens"] for p in parts))
-
-
-def _mean_metrics(records: list[dict]) -> dict[str, float]:
-    sums, counts = defaultdict(float), defaultdict(int)
-    for r in records:
-        for k, v in r.items():
-            sums[k] += float(v)
-            counts[k] += 1
-    return {k: sums[k] / counts[k] for k in sums}
-
-
-# --------------------------------------------------------------------------- token-budget micro-batches
-def budget_rows_pass(fn, params, arrays, budget: int, ladder, shards: int,
-                     mesh, width: int | None = None) -> np.ndarray:
-    """fn(params, input_ids, attention_mask, response_mask) over all of this process's rows
-    [S, L] in token-budget micro-batches, each padded only to its own length; the outputs back at
-    their rows: [S, L] (fn's [R, length] in the first columns, 0 after), or [S, width] for an fn
-    whose output columns are not token positions (the critic's values; [S, width, H] with H
-    heads). arrays: `TokenRows` (of any class) or a dict holding their arrays."""
-    me = jax.process_index()
-    tokens = TokenRows.of(arrays)
-    S, L = tokens.input_ids.shape
-    out = None
-    for micro in budget_plan(tokens.attention_mask.sum(1), budget, ladder, shards):
-        rows = micro.rows[me]
-        part = on_mesh(take_micro(tokens, rows, micro.length), mesh)
-        res = dist.local_rows(fn(params, part.input_ids, part.attention_mask, part.response_mask), mesh)
-        if out is None:  # [S, L] or [S, width], with any trailing axes of fn's (a critic's heads)
-            out = np.zeros((S, width or L) + res.shape[2:], np.float32)
-        keep = rows >= 0
-        out[rows[keep], :res.shape[1]] = res[keep]
-    return out
-
-
-def budget_minibatch(local: PolicyRows, num_micro: int, agg: str, budget: int, ladder,
-                     shards: int, mesh):
-    """The token-budget micro-batches of one mini-batch, device-ready, one at a time (for
-    `rl.update.budget_update`). local: this process's rows of the mini-batch (`gather_rows`), each
-    process the same count; every micro-batch gets the loss weights of the fixed micro-batches
-    (`rl.batching.fixed_micro_weights`: the same loss and gradient as the fixed step). Rows
-    without response tokens are left out. One allgather each for the token counts and the
-    lengths."""
-    me = jax.process_index()
-    tokens = local.response_mask.sum(1).astype(np.int64)
-    every = np.asarray(dist.allgather_json([int(x) for x in tokens]), np.int64)  # [P, M]
-    token_w, agg_w = fixed_micro_weights(every, num_micro, agg)
-    local = local.replace(token_weight=token_w[me], agg_weight=agg_w[me])
-    return budget_micros(local, np.where(tokens > 0, local.attention_mask.sum(1), 0), budget,
-                         ladder, shards, mesh)
-
-
-def budget_sft_minibatch(local: SftRows, num_micro: int, budget: int, ladder, shards: int, mesh):
-    """The token-budget micro-batches of one prefix SFT mini-batch, device-ready, one at a time
-    (for `rl.update.budget_update`). local: this process's rows of the mini-batch (`gather_rows`),
-    each process the same count; each row weighted as the fixed micro-batches weigh it
-    (`rl.batching.fixed_micro_row_weights`: the same loss and gradient as the fixed step). Rows
-    of weight 0 (inert) are left out. One allgather of the weights, one of the lengths."""
-    every = np.asarray(dist.allgather_json([float(w) for w in local.weight]), np.float64)  # [P, M]
-    local = local.replace(budget_weight=fixed_micro_row_weights(every, num_micro)[jax.process_index()])
-    return budget_micros(local, np.where(local.weight > 0, local.attention_mask.sum(1), 0),
-                         budget, ladder, shards, mesh)
-
-
-def prefix_sft_metrics(records: list[dict], rows: int) -> dict[str, float]:
-    """The prefix SFT metrics of an iteration: `train/prefix_sft_rows` (every process's rows),
-    `train/prefix_sft_updates`, and over its updates (`records`, when there were any) the mean
-    of `train/prefix_sft_loss` (the weighted cross-entropy), `train/prefix_sft_grad_norm` and
-    `train/prefix_sft_skipped_nonfinite`."""
-    out = {"train/prefix_sft_rows": float(rows), "train/prefix_sft_updates": float(len(records))}
-    if records:
-        mean = _mean_metrics(records)
-        out.update({"train/prefix_sft_loss": mean["train/prefix_sft_loss"],
-                    "train/prefix_sft_grad_norm": mean["train/grad_norm"],
-                    "train/prefix_sft_skipped_nonfinite": mean["train/skipped_nonfinite"]})
-    return out
-
-
-# --------------------------------------------------------------------------- the run's state
-@flax.struct.dataclass
-class TrainState:
-    """The RL run's device state, one pytree: the policy's params and AdamW state, the frozen
-    reference policy (the initial one: model.path gives it back, so checkpoints leave it out),
-    the rollout PRNG key, and the algorithm's own state (`Algorithm.init_state`, whatever the
-    algorithm keeps: a critic's params and optimizer state for PPO and HiPER; None for the group
-    estimators)."""
-
-    params: Any
-    opt_state: Any
-    ref_params: Any
-    key: jax.Array
-    algo_state: Any = None
-
-
-@dataclasses.dataclass
-class LoopState:
-    """The RL run's host state, JSON-able in a checkpoint's meta: iterations done, the training
-    tasks' order, the NumPy generator that draws the mini-batches."""
-
-    iteration: int
-    tasks: TaskSampler
-    np_rng: np.random.Generator
-
-    def to_meta(self) -> dict:
-        return {"iteration": self.iteration, "sampler": self.tasks.state(),
-                "np_rng": self.np_rng.bit_generator.state}
-
-    def load_meta(self, meta: dict) -> None:
-        self.iteration = int(meta["iteration"])
-        self.tasks.load(meta["sampler"])
-        self.np_rng.bit_generator.state = meta["np_rng"]
 
 
 # --------------------------------------------------------------------------- guidance
@@ -292,6 +120,7 @@ class Trainer(Run):
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
+        self.sampler = Sampler()  # the run's compiled generation programs (rollouts, evaluation)
         self._tasks: list = []  # the last collected iteration's tasks (`collect`)
         try:  # a failure past this point must still close the checkpointer and logger
             # whole groups per process (group statistics never need another process's envs)
@@ -314,7 +143,6 @@ class Trainer(Run):
                                               temperature=scoring_temperature(r))
 
             self.env_spec, self.agent = env_and_agent(cfg)
-            self.sampler = Sampler()  # the run's compiled generation programs (rollouts, evaluation)
             self.evaluator = Evaluator(cfg, self.model, self.tokenizer, pool=lambda: self.pool,
                                        sampler=self.sampler, progress=self.progress)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
@@ -492,13 +320,13 @@ class Trainer(Run):
         algo_state, records = self.algorithm.update_state(self.state.algo_state, rows, adv, order,
                                                           self.mesh)
         self.state = self.state.replace(algo_state=algo_state)
-        metrics = _mean_metrics(records)
+        metrics = mean_metrics(records)
         records, sft_records = [], []
         if self.algorithm.updates_policy(self.iteration):
             for batches, sft_batches in zip(epochs, sft_epochs):
                 records += [self._policy_update(policy_rows, idx) for idx in batches]
                 sft_records += [self._prefix_sft_update(sft, idx) for idx in sft_batches]
-        metrics.update(_mean_metrics(records))
+        metrics.update(mean_metrics(records))
         metrics["train/updates"] = float(len(records) + len(sft_records))
         if sft is not None:
             metrics.update(prefix_sft_metrics(sft_records, sum(dist.allgather_json(sft_rows))))

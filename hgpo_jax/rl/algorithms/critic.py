@@ -112,7 +112,7 @@ class CriticAlgorithm(Algorithm):
         """The critic of the newest checkpoint as a `models.CriticModel` of as many value heads."""
         from flax import nnx
 
-        from hgpo_jax.models.decoder import critic_from_policy
+        from hgpo_jax.models.critic import critic_from_policy
 
         if cls.state_item not in ckpt.items():
             raise ValueError(f"the newest checkpoint under {ckpt.directory} holds no critic")
@@ -128,7 +128,7 @@ class CriticAlgorithm(Algorithm):
         each head's value mask for a family that gives them), on abstract weights."""
         from flax import nnx
 
-        from hgpo_jax.models.decoder import CriticModel
+        from hgpo_jax.models.critic import CriticModel
 
         cfg, heads = self.cfg, self.spec.critic_heads
         t, r = cfg.train, cfg.rollout
