@@ -1,8 +1,8 @@
 """ALFWorld at laptop scale: the paper's pipeline end to end on real games, on a CPU (issue 15).
 
-  python experiments/alfworld_laptop.py                 # every stage not finished yet, in order
-  python experiments/alfworld_laptop.py --stage experts # one stage (resumes where it stopped)
-  python experiments/alfworld_laptop.py --status        # what is done, with wall times
+  python -m experiments.alfworld_laptop                 # every stage not finished yet, in order
+  python -m experiments.alfworld_laptop --stage experts # one stage (resumes where it stopped)
+  python -m experiments.alfworld_laptop --status        # what is done, with wall times
 
 Stages (each resumable):
 1. experts: the walkthrough of every one of the 3,553 train games played through the real engine
@@ -39,10 +39,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from experiments import laptop  # noqa: E402
+from experiments import laptop
 
 SHARD = 100  # games per recording shard
 SEARCH_GAMES = 800  # train games with searching episodes (sft.data=expert+search:800)

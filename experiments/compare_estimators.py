@@ -1,10 +1,10 @@
 """HGPO (K=2, K=4) vs GiGPO vs GRPO vs RLOO vs PPO (critic) on a history-dependent toy task, several seeds.
 
-  python experiments/compare_estimators.py                      # 3 seeds x 6 estimators, ~3.5 h on 2 cores
-  taskset -c 0 python experiments/compare_estimators.py --seeds 0 2 &   # faster (~1.4x): one
-  taskset -c 1 python experiments/compare_estimators.py --seeds 1       # process per core, then
-  python experiments/compare_estimators.py                      # collect (finished runs are reused)
-  python experiments/compare_estimators.py --seeds 0 --iterations 6 --estimators hgpo_k2 grpo  # a quick look
+  python -m experiments.compare_estimators                      # 3 seeds x 6 estimators, ~3.5 h on 2 cores
+  taskset -c 0 python -m experiments.compare_estimators --seeds 0 2 &   # faster (~1.4x): one
+  taskset -c 1 python -m experiments.compare_estimators --seeds 1       # process per core, then
+  python -m experiments.compare_estimators                      # collect (finished runs are reused)
+  python -m experiments.compare_estimators --seeds 0 --iterations 6 --estimators hgpo_k2 grpo  # a quick look
 
 The task is the "toy-history" env (hgpo_jax/envs/toy.py): press one of three coloured buttons,
 walk a corridor of 1-3 steps, open the door of the pressed colour at a junction whose doors are
@@ -36,11 +36,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from hgpo_jax.config import load_config  # noqa: E402
-from hgpo_jax.metrics import read_metrics  # noqa: E402
+from hgpo_jax.config import load_config
+from hgpo_jax.metrics import read_metrics
 
 ESTIMATORS = {  # name -> overrides
     "hgpo_k2": ["algo.estimator=hgpo", "algo.K=2"],
@@ -237,7 +235,8 @@ def write_results(script: str, argv, args, t0: float, timing: dict, summary: dic
     """A comparison's args.out/results.json, returned too: the command (`script` and its
     arguments), the args, the wall seconds since t0, each run's seconds (`timing`) and their
     total, the summary, and each `per_seed` item ({method: {seed: data}}, seeds as strings)."""
-    result = {"command": f"python experiments/{script} " + " ".join(argv or sys.argv[1:]),
+    module = script[:-len(".py")] if script.endswith(".py") else script
+    result = {"command": f"python -m experiments.{module} " + " ".join(argv or sys.argv[1:]),
               "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
               "run_seconds_total": round(sum(timing.values()), 1), "timing": timing,
               "summary": summary}

@@ -1,11 +1,11 @@
 """HiPER vs HGPO (K=2) vs GiGPO on the history-dependent toy env, paired seeds, with success split
 by whether the pressed colour is still inside the prompt's memory window at the junction.
 
-  python experiments/compare_hiper.py --prepare                     # the two warm starts (~5 min)
-  taskset -c 0 python experiments/compare_hiper.py --seeds 0 2 4 &  # one process per core
-  taskset -c 1 python experiments/compare_hiper.py --seeds 1 3
-  python experiments/compare_hiper.py                               # collect (finished runs reused)
-  python experiments/compare_hiper.py --seeds 0 --iterations 4      # a quick look
+  python -m experiments.compare_hiper --prepare                     # the two warm starts (~5 min)
+  taskset -c 0 python -m experiments.compare_hiper --seeds 0 2 4 &  # one process per core
+  taskset -c 1 python -m experiments.compare_hiper --seeds 1 3
+  python -m experiments.compare_hiper                               # collect (finished runs reused)
+  python -m experiments.compare_hiper --seeds 0 --iterations 4      # a quick look
 
 The task is "toy-history" (hgpo_jax/envs/toy.py): press one of three coloured buttons, walk a
 corridor of 1 + task % 3 steps, open the door of the pressed colour at a junction whose doors are
@@ -33,21 +33,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.join(ROOT, "experiments")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
-from compare_estimators import (mean_ci, plot_success, run_seconds,  # noqa: E402
+from experiments.compare_estimators import (mean_ci, plot_success, run_seconds,
                                 train_to_the_end, write_results)
 
-from hgpo_jax.config import load_config  # noqa: E402
-from hgpo_jax.metrics import read_metrics  # noqa: E402
+from hgpo_jax.config import load_config
+from hgpo_jax.metrics import read_metrics
 
 # method -> (warm start config, RL config, overrides)
 METHODS = {

@@ -7,7 +7,7 @@ A synthetic induction task at the laptop model's shape (`build:<env>-small`: 4 l
 are fresh every step (nothing to memorise). Reported per `--every` steps: the mean NLL and the
 greedy next-token accuracy on the copied tokens of a fixed held-out batch, for each RoPE base.
 
-    python experiments/copy_probe.py --thetas 1e6 1e4 --steps 400 --out docs/results/copy_probe.json
+    python -m experiments.copy_probe --thetas 1e6 1e4 --steps 400 --out docs/results/copy_probe.json
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def batch(rng, rows: int, span: int, gap: int, vocab: int):
@@ -93,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    result = {"command": "python experiments/copy_probe.py " + " ".join(argv or sys.argv[1:]),
+    result = {"command": "python -m experiments.copy_probe " + " ".join(argv or sys.argv[1:]),
               "settings": vars(args), "curves": {f"{t:g}": probe(t, args) for t in args.thetas}}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

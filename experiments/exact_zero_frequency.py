@@ -22,8 +22,8 @@ torch emulation of the authors' arithmetic written from its description (test-on
   * and, apart from the rollouts, for group sizes 2..8 and the typical equal values of an ALFWorld
     group (10 * 0.95^k with or without the penalty, -0.1), how many the emulation gets wrong.
 
-  python experiments/exact_zero_frequency.py                  # 2 batches, ~15 min on 2 cores
-  python experiments/exact_zero_frequency.py --batches 1 --groups 4   # a quick look
+  python -m experiments.exact_zero_frequency                  # 2 batches, ~15 min on 2 cores
+  python -m experiments.exact_zero_frequency --batches 1 --groups 4   # a quick look
 Writes docs/results/exact_zero_frequency.json (or --out).
 """
 
@@ -41,15 +41,12 @@ from fractions import Fraction
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from hgpo_jax.envs.alfworld import AlfworldEnv, list_games  # noqa: E402
-from hgpo_jax.envs.pool import EnvPool  # noqa: E402
-from hgpo_jax.rl import ESTIMATORS, compute_step_advantages  # noqa: E402
+from hgpo_jax.envs.alfworld import AlfworldEnv, list_games
+from hgpo_jax.envs.pool import EnvPool
+from hgpo_jax.rl import ESTIMATORS, compute_step_advantages
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scripted_rollouts import alfworld_plan, collect  # noqa: E402
+from experiments.scripted_rollouts import alfworld_plan, collect
 
 GAMMA, PENALTY, EPS, K, ALPHA = 0.95, 0.1, 1e-6, 2, 1.0
 
@@ -234,7 +231,7 @@ def main(argv=None) -> dict:
         totals[est]["equal_nonzero_group_sizes"] = dict(sorted(sizes.items()))
     synthetic = synthetic_table()
     print("equal groups of typical values, float32 emulation:", json.dumps(synthetic))
-    out = {"command": "python experiments/exact_zero_frequency.py " + " ".join(argv or sys.argv[1:]),
+    out = {"command": "python -m experiments.exact_zero_frequency " + " ".join(argv or sys.argv[1:]),
            "args": vars(args), "wall_seconds": round(time.time() - t0, 1), "batches": batches,
            "totals": totals, "synthetic_equal_groups": synthetic}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

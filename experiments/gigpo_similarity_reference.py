@@ -5,7 +5,7 @@ tests/data/gigpo_similarity_reference.json that tests/test_similarity_groups.py 
     mkdir -p /tmp/verl-agent-20bd331
     git --git-dir=<mirror of verl-agent> archive 20bd331 gigpo verl agent_system/reward_manager \
         | tar -x -C /tmp/verl-agent-20bd331
-    python experiments/gigpo_similarity_reference.py /tmp/verl-agent-20bd331 \
+    python -m experiments.gigpo_similarity_reference /tmp/verl-agent-20bd331 \
         tests/data/gigpo_similarity_reference.json
 
 The first argument is a copy of verl-agent at 20bd331 kept outside this repository (the project

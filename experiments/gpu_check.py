@@ -54,9 +54,10 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-for _path in (ROOT, HERE):  # hgpo_jax, and the sibling experiments (bench_iteration, ...)
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+# run by path on a lent GPU (`python experiments/gpu_check.py`, where the package may not be
+# installed): the repository root makes hgpo_jax and experiments.benchmarks importable
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 GIB = 2**30
 # (family, algorithm, paper config): one iteration and one plan each
@@ -171,7 +172,7 @@ def part_parity(s: dict, out: ChildOutput) -> dict:
     import torch
     from flax import nnx
 
-    from bench_common import BENCH_SHAPE, bench_hf_model
+    from experiments.benchmarks.bench_common import BENCH_SHAPE, bench_hf_model
     from hgpo_jax.models import load_pretrained
     from hgpo_jax.models.attention import resolve_attention
     from hgpo_jax.rl.sampling import Sampler, prefill_path
@@ -268,7 +269,7 @@ def part_plan(s: dict, out: ChildOutput) -> dict:
     from hgpo_jax.commands.plan import use_plan_xla_flags
 
     use_plan_xla_flags(1)  # before JAX starts: as `hgpo-jax plan` compiles
-    import bench_iteration as bi
+    from experiments.benchmarks import bench_iteration as bi
     from hgpo_jax.config import load_config
     from hgpo_jax.trainers.plan import plan, plan_json
 
@@ -294,7 +295,7 @@ def part_plan(s: dict, out: ChildOutput) -> dict:
 
 
 def part_model(s: dict, out: ChildOutput) -> dict:
-    import bench_iteration as bi
+    from experiments.benchmarks import bench_iteration as bi
 
     folder = s["model_dir"] or bi.default_model_dir(s["shape"])
     existed = os.path.isfile(os.path.join(folder, "config.json"))
@@ -304,7 +305,7 @@ def part_model(s: dict, out: ChildOutput) -> dict:
 
 def part_iteration(s: dict, out: ChildOutput, algo: str) -> dict:
     """One bench_iteration run of the family's config (its whole result)."""
-    import bench_iteration as bi
+    from experiments.benchmarks import bench_iteration as bi
 
     config = next(c for _, a, c in FAMILIES if a == algo)
     folder = s["model_dir"] or bi.default_model_dir(s["shape"])
@@ -315,9 +316,9 @@ def part_iteration(s: dict, out: ChildOutput, algo: str) -> dict:
 
 def part_decode(s: dict, out: ChildOutput) -> dict:
     """probe_decode at the rollout's shape, its bound at the device's bandwidth."""
-    import bench_iteration as bi
+    from experiments.benchmarks import bench_iteration as bi
     import jax
-    import probe_decode
+    from experiments.benchmarks import probe_decode
 
     # the bandwidth: a GPU's known one (its 16-bit peaks); a CPU's measured (a float32 matmul
     # for the FLOP/s, which the probe does not use, as a CPU's bf16 matmul is slow)
@@ -325,7 +326,7 @@ def part_decode(s: dict, out: ChildOutput) -> dict:
     argv = ["--shape", s["decode_shape"], "--param-dtype", "float32", "--new",
             str(s["decode_new"]), "--grid", s["decode_grid"], "--decode", "einsum,ragged",
             "--peak-bw", str(peaks["bw"])]
-    return {"command": "python experiments/probe_decode.py " + " ".join(argv), "peaks": peaks,
+    return {"command": "python -m experiments.benchmarks.probe_decode " + " ".join(argv), "peaks": peaks,
             "points": probe_decode.main(argv)}
 
 

@@ -2,7 +2,7 @@
 tests/data/guidance_reference.json that tests/test_guidance.py checks `hgpo_jax.rl.guidance`
 against.
 
-    python experiments/guidance_reference.py /path/to/Agent-G2/gmsv/alfworld.py \
+    python -m experiments.guidance_reference /path/to/Agent-G2/gmsv/alfworld.py \
         tests/data/guidance_reference.json
 
 The first argument is the authors' `gmsv/alfworld.py` (ZJU-REAL/Agent-G2 at 1df588f), a copy kept

@@ -1,11 +1,11 @@
 """Expert-guided rollouts (Agent-G², docs/guidance.md) against the same estimator without them,
 on the history-dependent toy task, several paired seeds: does guidance raise hint-free success?
 
-  python experiments/guidance_study.py                          # 5 seeds x 6 arms
-  taskset -c 0 python experiments/guidance_study.py --seeds 0 2 4 &   # one process per core,
-  taskset -c 1 python experiments/guidance_study.py --seeds 1 3       # then collect (finished
-  python experiments/guidance_study.py                                # runs are reused)
-  python experiments/guidance_study.py --seeds 0 --iterations 2 --arms grpo grpo_g2  # a quick look
+  python -m experiments.guidance_study                          # 5 seeds x 6 arms
+  taskset -c 0 python -m experiments.guidance_study --seeds 0 2 4 &   # one process per core,
+  taskset -c 1 python -m experiments.guidance_study --seeds 1 3       # then collect (finished
+  python -m experiments.guidance_study                                # runs are reused)
+  python -m experiments.guidance_study --seeds 0 --iterations 2 --arms grpo grpo_g2  # a quick look
 
 The task is "toy-history" (experiments/compare_estimators.py's setting: press a coloured button,
 walk a corridor, open the door of the pressed colour; memory H = 4). Per seed one format-only
@@ -29,21 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.join(ROOT, "experiments")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
-from compare_estimators import (SPLIT, curves, mean_ci, plot_success,  # noqa: E402
+from experiments.compare_estimators import (SPLIT, curves, mean_ci, plot_success,
                                 rl_config, run_rl, run_seconds, run_sft, write_results)
 
-from hgpo_jax.envs.toy import PALETTE  # noqa: E402
-from hgpo_jax.metrics import read_metrics  # noqa: E402
+from hgpo_jax.envs.toy import PALETTE
+from hgpo_jax.metrics import read_metrics
 
 GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma",
           "guidance.batch_acc_low=0.5", "guidance.batch_acc_high=0.5",

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 STAGES = ("experts", "sft", "eval_warm", "rl", "report")
 # Agent-G2's guidance as the authors' scripts (docs/guidance.md), recording only the experts of

@@ -1,12 +1,12 @@
 """`make run` over seeds and machines' arithmetic: how much held-out success rises, per seed.
 
-    python experiments/make_run_seeds.py --seeds 0 1 2 3 4                    # the demo as it is
-    python experiments/make_run_seeds.py --seeds 0 1 2 3 4 --label before \\
+    python -m experiments.make_run_seeds --seeds 0 1 2 3 4                    # the demo as it is
+    python -m experiments.make_run_seeds --seeds 0 1 2 3 4 --label before \\
         --sft sft.steps=100                                                  # the demo before issue 46
-    python experiments/make_run_seeds.py --seeds 0 1 --label avx2 \\
+    python -m experiments.make_run_seeds --seeds 0 1 --label avx2 \\
         --xla-flags=--xla_cpu_max_isa=AVX2                                    # another CPU's arithmetic
-    python experiments/make_run_seeds.py --jobs 2 --cores-per-job 1 ...      # two runs at a time
-    python experiments/make_run_seeds.py --collect                           # table, plot, results.json
+    python -m experiments.make_run_seeds --jobs 2 --cores-per-job 1 ...      # two runs at a time
+    python -m experiments.make_run_seeds --collect                           # table, plot, results.json
 
 Each run is exactly the two commands of `make run` (`hgpo-jax sft toy_format` then `hgpo-jax train
 toy_hgpo model.path=<that run>`), as subprocesses, with `train.seed=<seed>` given to both and the
@@ -84,7 +84,6 @@ def timed(cmd: list[str], env: dict, log: str) -> float:
 
 def read_run(rl_dir: str) -> dict:
     """The held-out and training curves and the demo's summary from a finished RL run folder."""
-    sys.path.insert(0, ROOT)
     from hgpo_jax.metrics import read_metrics
 
     records = read_metrics(rl_dir)  # one record per iteration, in order
@@ -100,7 +99,7 @@ def read_run(rl_dir: str) -> dict:
 def warm_start_profile(python: str, fmt_dir: str, env: dict) -> dict:
     """What the warm start does on the held-out tasks (experiments/toy_strategy.py, 48 tasks once at
     the eval temperature): its success and the share of its actions that are not admissible."""
-    out = subprocess.run([python, os.path.join(ROOT, "experiments", "toy_strategy.py"), fmt_dir,
+    out = subprocess.run([python, "-m", "experiments.toy_strategy", fmt_dir,
                           "--samples", "1", "--json", os.path.join(fmt_dir, "strategy.json")],
                          env=env, cwd=ROOT, capture_output=True, text=True)
     if out.returncode:

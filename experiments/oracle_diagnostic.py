@@ -1,7 +1,7 @@
 """The paper's bias-vs-oracle diagnostic (Fig. 2, Prop. 4.1) on toy and ALFWorld rollout batches.
 
-  python experiments/oracle_diagnostic.py                      # ~15 min on 2 cores
-  python experiments/oracle_diagnostic.py --envs toy-history --batches 2   # a quick look
+  python -m experiments.oracle_diagnostic                      # ~15 min on 2 cores
+  python -m experiments.oracle_diagnostic --envs toy-history --batches 2   # a quick look
 
 For each env and each level of policy skill (the probability that the scripted policy takes the
 expert's next action; experiments/scripted_rollouts.py), rollout batches of `groups` tasks x 8
@@ -27,14 +27,11 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.dirname(os.path.abspath(__file__))):
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
-from scripted_rollouts import alfworld_plan, collect, toy_plan  # noqa: E402
+from experiments.scripted_rollouts import alfworld_plan, collect, toy_plan
 
-from hgpo_jax.envs.pool import EnvPool  # noqa: E402
-from hgpo_jax.rl.diagnostics import oracle_deviation  # noqa: E402
+from hgpo_jax.envs.pool import EnvPool
+from hgpo_jax.rl.diagnostics import oracle_deviation
 
 ESTIMATORS = (("grpo", "grpo", 2), ("gigpo", "gigpo", 2), ("hgpo K=2", "hgpo", 2), ("hgpo K=4", "hgpo", 4))
 STATS = ("abs_dev", "rmse", "bias", "coverage")
@@ -102,7 +99,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
-    result = {"command": "python experiments/oracle_diagnostic.py " + " ".join(argv or sys.argv[1:]),
+    result = {"command": "python -m experiments.oracle_diagnostic " + " ".join(argv or sys.argv[1:]),
               "args": vars(args), "envs": {}}
     for env in args.envs:
         max_steps = 50 if env == "alfworld" else 12

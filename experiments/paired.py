@@ -1,6 +1,6 @@
 """Compare policies goal by goal from `hgpo-jax eval --episodes` files.
 
-  python experiments/paired.py warm.jsonl hgpo_s0.jsonl hgpo_s1.jsonl [--json out.json]
+  python -m experiments.paired warm.jsonl hgpo_s0.jsonl hgpo_s1.jsonl [--json out.json]
 
 The first file is the baseline. Each other file is matched to it by (split, task): only goals both
 played count. Per split and file: the goals matched, both mean scores, the mean paired difference

@@ -3,9 +3,9 @@ mesh.fsdp=F --json` for each config and mesh, as separate processes (each needs 
 virtual CPU devices), collected into a table ('fits 80 GB': the plan's own `fits_80gb`, both the
 update's and the sampler's peak within what an 80 GB card gives a run, `trainers.memory`).
 
-    python experiments/plan_families.py                       # the 12 Qwen3 configs x fsdp 1, 2
-    python experiments/plan_families.py --configs hgpo_k2_alfworld_qwen3_4b --fsdp 1 2 4 --sampler
-    python experiments/plan_families.py --configs hiper_alfworld_qwen2.5_1.5b --fsdp 1 \
+    python -m experiments.plan_families                       # the 12 Qwen3 configs x fsdp 1, 2
+    python -m experiments.plan_families --configs hgpo_k2_alfworld_qwen3_4b --fsdp 1 2 4 --sampler
+    python -m experiments.plan_families --configs hiper_alfworld_qwen2.5_1.5b --fsdp 1 \
         --set train.max_tokens_per_micro_batch=49152            # any config, with overrides
 
 Writes docs/results/plan_families/{results.json,table.md} (or --out). The numbers are XLA:CPU's
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     lines = ["| config | fsdp (GPUs) | parameters | token budget | temporaries GiB | estimated peak "
              "/ device GiB | sampler peak GiB | fits 80 GB |", "|---|---|---|---|---|---|---|---|"]
     lines += [row(r) for r in results]
-    lines += ["", f"Command: `python experiments/plan_families.py {' '.join(argv or sys.argv[1:])}`"
+    lines += ["", f"Command: `python -m experiments.plan_families {' '.join(argv or sys.argv[1:])}`"
               f" ({sum(r['wall_s'] for r in results):.0f} s on this machine's CPU)."]
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,8 +1,8 @@
 """Draw the paper's training dynamics of one or more runs side by side, to PNG.
 
-  python experiments/plot.py runs/hgpo_k2_alfworld_qwen2.5_1.5b            # -> RUN_DIR/plots.png
-  python experiments/plot.py runs/hgpo_k2 runs/gigpo --out cmp.png          # one line per run
-  python experiments/plot.py runs/a runs/b --metrics train/ppo_kl time/rollout_s
+  python -m experiments.plot runs/hgpo_k2_alfworld_qwen2.5_1.5b            # -> RUN_DIR/plots.png
+  python -m experiments.plot runs/hgpo_k2 runs/gigpo --out cmp.png          # one line per run
+  python -m experiments.plot runs/a runs/b --metrics train/ppo_kl time/rollout_s
 
 Reads each RUN_DIR/metrics.jsonl (written by `hgpo_jax.metrics.MetricsLogger`; a resumed run's
 re-logged steps count once). One subplot per metric, one line per run (labelled with the run
@@ -24,13 +24,11 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from hgpo_jax.metrics import metric_series, metrics_path, read_metrics  # noqa: E402
+from hgpo_jax.metrics import metric_series, metrics_path, read_metrics
 
 DEFAULT_METRICS = ("train/kl_loss", "train/pg_clipfrac", "train/pg_loss", "train/mean_advantage",
                    "rollout/mean_step_reward", "success/all")

@@ -1,8 +1,8 @@
 """Record an env's expert trajectories into its cache, for expert-guided rollouts (Agent-G²).
 
-  python experiments/record_experts.py --env alfworld --split train --workers 2
-  python experiments/record_experts.py --env webshop --split train
-  python experiments/record_experts.py --env alfworld --split train --limit 10   # a timing sample
+  python -m experiments.record_experts --env alfworld --split train --workers 2
+  python -m experiments.record_experts --env webshop --split train
+  python -m experiments.record_experts --env alfworld --split train --limit 10   # a timing sample
 
 Calls the env registry's `expert_trajectories` (hgpo_jax.envs.experts), which plays the expert on
 every task of the split its cache lacks (with a progress bar; an interrupted run continues where
@@ -20,12 +20,10 @@ import time
 from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from hgpo_jax.config import EnvConfig  # noqa: E402
-from hgpo_jax.envs.episodes import spread  # noqa: E402
-from hgpo_jax.envs.registry import env_names, get_env  # noqa: E402
+from hgpo_jax.config import EnvConfig
+from hgpo_jax.envs.episodes import spread
+from hgpo_jax.envs.registry import env_names, get_env
 
 
 def parse_args(argv=None) -> argparse.Namespace:

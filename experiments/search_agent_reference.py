@@ -2,7 +2,7 @@
 tests/data/search_agent_reference.json that tests/test_search_agent.py checks
 `hgpo_jax.agents.verl_agent.search` against.
 
-    python experiments/search_agent_reference.py /tmp/verl-agent-20bd331 \
+    python -m experiments.search_agent_reference /tmp/verl-agent-20bd331 \
         tests/data/search_agent_reference.json
 
 The first argument is an exported tree of verl-agent at 20bd331 (the project holds none of their

@@ -1,9 +1,9 @@
 """Search QA at laptop scale: an agent that visibly learns to search, on a CPU (issue item 7).
 The stage machinery is experiments/laptop.py's, as for experiments/webshop_laptop.py.
 
-  python experiments/search_laptop.py                 # every stage not finished yet, in order
-  python experiments/search_laptop.py --stage rl      # one stage (resumes where it stopped)
-  python experiments/search_laptop.py --status        # what is done, with wall times
+  python -m experiments.search_laptop                 # every stage not finished yet, in order
+  python -m experiments.search_laptop --stage rl      # one stage (resumes where it stopped)
+  python -m experiments.search_laptop --status        # what is done, with wall times
 
 The task: the search env as verl-agent runs it (BM25 top 3 in <information>, the authors'
 projection and EM reward, 4 turns), over the synthetic world `env.search.dataset=synthetic`
@@ -41,10 +41,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from experiments import laptop  # noqa: E402
+from experiments import laptop
 
 EXPERTS = "experts.json"
 ARMS = ("gigpo", "gigpo_sim", "hgpo_k2", "grpo")
@@ -242,7 +240,7 @@ def stage_report(args, state: dict) -> dict:
         rows["random policy (the warm start's data)"] = [experts["random"]["test"]]
     arms = arm_results(args)
     paired = paired_arms(arms)
-    command = " ".join(["python experiments/search_laptop.py", *_ARGV])
+    command = " ".join(["python -m experiments.search_laptop", *_ARGV])
     if any(r["seeds"] for r in arms.values()):
         plot_heldout(arms, os.path.join(args.out, "heldout_em.png"))
     from experiments.webshop_laptop import paired_section

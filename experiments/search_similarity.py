@@ -2,7 +2,7 @@
 GiGPO's similarity groups at the authors' 0.9 (`algo.similarity_thresh`) equal its exact-anchor
 groups there (docs/results.md, section 10).
 
-    python experiments/search_similarity.py [--questions 40] [--episodes 30] [--thresh 0.9]
+    python -m experiments.search_similarity [--questions 40] [--episodes 30] [--thresh 0.9]
 
 For each of the first train questions, the distinct observations that random-policy episodes
 (`synthetic.record(..., "random")`, the warm start's data) meet after their first step, and the
@@ -17,8 +17,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:

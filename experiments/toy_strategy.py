@@ -1,7 +1,7 @@
 """What a toy-env policy actually does, task by task: which button it presses and which door it
 opens, read against what each held-out task allows (issue 46's diagnosis of `make run`).
 
-    python experiments/toy_strategy.py RUN_DIR [RUN_DIR ...] [--split valid_seen] [--games 48]
+    python -m experiments.toy_strategy RUN_DIR [RUN_DIR ...] [--split valid_seen] [--games 48]
         [--temperature 0.4] [--samples 4] [--json PATH]
 
 For every run folder (its latest checkpoint) it plays each of the first `--games` tasks of the

@@ -4,7 +4,7 @@ action's argument holds: the search query (copied from the instruction), a produ
 from the page), an option value, and every other reply token (the format and the <think> line,
 which repeats the action). A model that copies would put the query and id tokens near 0.
 
-    python experiments/webshop_copy_nll.py MODEL_FOLDER --goals 15
+    python -m experiments.webshop_copy_nll MODEL_FOLDER --goals 15
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 def main(argv=None) -> int:

@@ -1,9 +1,9 @@
 """WebShop at laptop scale: RL raising a real benchmark's task score on held-out goals, on a CPU
 (issue 28). The stage machinery is experiments/laptop.py's, as for experiments/alfworld_laptop.py.
 
-  python experiments/webshop_laptop.py                 # every stage not finished yet, in order
-  python experiments/webshop_laptop.py --stage rl      # one stage (resumes where it stopped)
-  python experiments/webshop_laptop.py --status        # what is done, with wall times
+  python -m experiments.webshop_laptop                 # every stage not finished yet, in order
+  python -m experiments.webshop_laptop --stage rl      # one stage (resumes where it stopped)
+  python -m experiments.webshop_laptop --status        # what is done, with wall times
 
 Stages (each resumable):
 1. experts: the instruction shopper (hgpo_jax/envs/webshop/expert.py: it acts on the page alone:
@@ -33,10 +33,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from experiments import laptop  # noqa: E402
+from experiments import laptop
 
 EPISODES = 2000  # train goals with the shopper's episodes (sft.episodes)
 EXPERTS = "experts.json"

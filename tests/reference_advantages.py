@@ -2,7 +2,7 @@
 docs/advantages.md (the authors' code's behaviour as the default, the paper's equations as options).
 
 Plain Python: loops, lists and dicts keyed by tuples of anchors. Used by tests/test_advantages.py
-and as the baseline of experiments/bench_advantages.py. It does no validation: give it good input.
+and as the baseline of experiments/benchmarks/bench_advantages.py. It does no validation: give it good input.
 
 Numbers are Python floats (float64). "A value is exactly 0" (hgpo skips such items) is decided
 exactly: returns are also computed as fractions.Fraction from the inputs as written in decimal

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import sys
@@ -592,11 +591,8 @@ def test_hierarchy_stats_hand_example():
 
 
 def test_benchmark_quick_runs(capsys):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
-                        "bench_advantages.py")
-    spec = importlib.util.spec_from_file_location("bench_advantages", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from experiments.benchmarks import bench_advantages as bench
+
     result = bench.main(["--quick"])
     assert result["vs_reference"]["max_abs_diff"] < ATOL
     assert [row["n"] for row in result["scaling"]] == [800, 4000]

@@ -1,26 +1,18 @@
-"""experiments/bench_iteration.py: its cost formulas, and one tiny iteration end to end (toy env,
+"""experiments/benchmarks/bench_iteration.py: its cost formulas, and one tiny iteration end to end (toy env,
 2 groups x 2 envs, 3 steps; about 30-40 s on 2 cores, most of it compiling)."""
 
-import importlib.util
+import importlib
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
 
 from hgpo_jax.models.config import DecoderConfig
 
-EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments")
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_iteration", os.path.join(EXPERIMENTS, "bench_iteration.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("experiments.benchmarks.bench_iteration")
 
 
 CFG = DecoderConfig(vocab_size=100, hidden_size=8, intermediate_size=12, num_hidden_layers=2,

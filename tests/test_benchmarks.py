@@ -1,16 +1,10 @@
 """Benchmarks stay runnable: each runs once on a minimal size (timings are not checked)."""
 
-import importlib.util
-import os
-
-EXPERIMENTS = os.path.join(os.path.dirname(__file__), "..", "experiments")
+import importlib
 
 
 def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXPERIMENTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"experiments.benchmarks.{name}")
 
 
 def test_bench_model_runs(capsys):

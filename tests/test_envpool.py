@@ -5,7 +5,6 @@ Test envs live in tests/pool_envs.py so that spawned workers can import them. Ti
 """
 
 import functools
-import importlib.util
 import os
 import signal
 import subprocess
@@ -463,10 +462,8 @@ def test_script_interrupted_leaves_no_workers(tmp_path, how):
 
 # ------------------------------------------------------------------------------------ benchmark
 def test_bench_envs_quick_runs(capsys):
-    spec = importlib.util.spec_from_file_location(
-        "bench_envs", os.path.join(ROOT, "experiments", "bench_envs.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from experiments.benchmarks import bench_envs as module
+
     rows = module.main(["--quick", "--env", "toy"])
     assert [r["workers"] for r in rows] == [0, 1, 2]
     assert all(r["steps"] > 0 and r["steps_per_s"] > 0 and r["resets_per_s"] > 0 for r in rows)

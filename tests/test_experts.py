@@ -261,13 +261,8 @@ def test_alfworld_errors_name_the_fix(alfworld_cfg, alfworld_games, tmp_path):
 
 # ------------------------------------------------------------------------------------ the script
 def test_record_experts_script_prints_the_lengths(capsys):
-    import importlib.util
+    from experiments import record_experts as script
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "experiments", "record_experts.py")
-    module_spec = importlib.util.spec_from_file_location("record_experts", path)
-    script = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(script)
     script.main(["--env", "toy", "--split", "train", "--limit", "6"])
     out = capsys.readouterr().out
     assert "toy train: 6 of 6 tasks have an expert" in out and "histogram 3:2 4:2 5:2" in out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -139,10 +138,9 @@ def test_read_missing_file(tmp_path):
 
 # ------------------------------------------------------------------------------------- plot.py
 def load_plot():
-    spec = importlib.util.spec_from_file_location("plot", os.path.join(ROOT, "experiments", "plot.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from experiments import plot
+
+    return plot
 
 
 def synthetic_run(folder, seed, iterations=12):

@@ -1,7 +1,6 @@
 """The batched sampler: greedy parity with transformers, sampling statistics, top-k / top-p sets,
 log-probs, eos handling, bucketing / compile counts, sharding, errors, and the benchmark script."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -449,10 +448,8 @@ def test_errors(models, sampler):
 
 # --------------------------------------------------------------------------- benchmark script
 def test_bench_sampler_runs(capsys):
-    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench_sampler.py")
-    spec = importlib.util.spec_from_file_location("bench_sampler", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from experiments.benchmarks import bench_sampler as module
+
     res = module.main(["--batch", "2", "--prompt", "8", "--new", "4", "--repeats", "1"])
     assert res["jax_tok_s"] > 0 and res["torch_tok_s"] > 0 and res["num_compiles"] == 1
     assert res["jax_dp_tok_s"] > 0 and res["devices"] == min(os.cpu_count(), 8)

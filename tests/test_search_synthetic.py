@@ -146,7 +146,7 @@ def test_every_stage_of_the_study_runs_in_process_with_tiny_settings(tmp_path):
         assert results[arm]["seeds"] == [0]
         assert len(results[arm]["heldout_change"]) == 1
         assert all(len(s) == 3 for s in results[arm]["heldout_em"])
-    assert results["command"].startswith("python experiments/search_laptop.py --out")
+    assert results["command"].startswith("python -m experiments.search_laptop --out")
     experts = json.loads((out / search_laptop.EXPERTS).read_text())
     assert experts["expert"]["test"]["all"] == 1.0 and experts["random"]["test"]["all"] < 0.15
     table = (out / "results.md").read_text()

@@ -7,7 +7,7 @@ The fixture tests/data/gigpo_similarity_reference.json holds inputs and the outp
 authors' code (verl-agent at 20bd331, `gigpo/core_gigpo.py` with their reward manager and invalid-
 action penalty), produced outside the repository with
 
-    python experiments/gigpo_similarity_reference.py <copy of verl-agent 20bd331> \\
+    python -m experiments.gigpo_similarity_reference <copy of verl-agent 20bd331> \\
         tests/data/gigpo_similarity_reference.json
 
 (torch 2.13, NumPy, Python 3.11; the script's docstring says what it drives and how). Advantages
@@ -16,7 +16,6 @@ must agree within 1e-4, step groups exactly (as partitions: their group ids are 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -426,10 +425,8 @@ def test_config_key():
 
 
 def test_benchmark_runs():
-    path = pathlib.Path(__file__).parent.parent / "experiments" / "bench_similarity.py"
-    spec = importlib.util.spec_from_file_location("bench_similarity", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from experiments.benchmarks import bench_similarity as bench
+
     out = bench.main(["--tasks", "3", "--thresh", "0.5", "0.9", "--naive"])
     assert all(r["same_partition"] for r in out.values())
 

@@ -1,7 +1,7 @@
 """Cost of GiGPO's similarity step groups (`algo.similarity_thresh`) on a search-like batch.
 
-    python experiments/bench_similarity.py                  # 256 tasks x 5 x 4 steps, t = 0.9
-    python experiments/bench_similarity.py --thresh 0.5 0.8 0.9 0.95 --naive
+    python -m experiments.benchmarks.bench_similarity                  # 256 tasks x 5 x 4 steps, t = 0.9
+    python -m experiments.benchmarks.bench_similarity --thresh 0.5 0.8 0.9 0.95 --naive
 
 A batch like verl-agent's search runs (train_data_size 256, group_size 5, max_steps 4): step 0's
 anchor is the task's question (the same for its 5 trajectories); a later step's anchor is the

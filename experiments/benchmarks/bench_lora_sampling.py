@@ -8,7 +8,7 @@ layers, hidden 256, vocab 4096), adapters of rank `--rank` on every linear layer
 merged export (`save_pretrained`, W + s A B in float32) loaded back. The ratio (merged / on the
 fly, new tokens per second) is measured in the same run, interleaved; nothing is asserted.
 
-    python experiments/bench_lora_sampling.py [--batch 16] [--prompt 256] [--new 32] [--rank 32]
+    python -m experiments.benchmarks.bench_lora_sampling [--batch 16] [--prompt 256] [--new 32] [--rank 32]
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import time
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
-from bench_common import BENCH_SHAPE, bench_hf_model  # noqa: E402
-from bench_sampler import time_interleaved  # noqa: E402
+from experiments.benchmarks.bench_common import BENCH_SHAPE, bench_hf_model
+from experiments.benchmarks.bench_sampler import time_interleaved
 
 
 def main(argv=None) -> dict:
@@ -92,7 +91,7 @@ def main(argv=None) -> dict:
     ratio = med["on the fly"] / med["merged"]
     print(f"ratio merged / on the fly, new tokens/s: {ratio:.2f}x; the merge (the export "
           f"path, host float32, disk and back): {merge_s:.2f}s; greedy rows equal: {same:.0%}")
-    result = {"command": " ".join(["python experiments/bench_lora_sampling.py", *(argv or sys.argv[1:])]),
+    result = {"command": " ".join(["python -m experiments.benchmarks.bench_lora_sampling", *(argv or sys.argv[1:])]),
               "batch": args.batch, "prompt": args.prompt, "new": args.new, "rank": args.rank,
               "median_s": med, "min_s": {k: min(v) for k, v in times.items()},
               "ratio_merged_over_on_the_fly": ratio, "merge_s": merge_s,

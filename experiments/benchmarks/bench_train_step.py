@@ -1,8 +1,8 @@
 """PPO train-step time and sampler throughput with scanned or unrolled layers and each attention
 path, measured in one run so that the ratios compare like with like. A benchmark: nothing asserted.
 
-    python experiments/bench_train_step.py                        # bench shape, CPU: scan vs unrolled
-    python experiments/bench_train_step.py --shape 1.5b --rows 256 --micro 16 --seq 4608 \\
+    python -m experiments.benchmarks.bench_train_step                        # bench shape, CPU: scan vs unrolled
+    python -m experiments.benchmarks.bench_train_step --shape 1.5b --rows 256 --micro 16 --seq 4608 \\
         --compute-dtype bfloat16 --attention einsum,cudnn --sampler 128,2048,512   # one GPU
 
 Random weights (same seed for every variant, so the layouts hold the same weights). The train step
@@ -16,31 +16,28 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import sys
 import time
 
 import jax
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
-from hgpo_jax.models import DecoderConfig, make_mesh  # noqa: E402
-from hgpo_jax.models.attention import resolve_attention  # noqa: E402
-from hgpo_jax.models.decoder import CausalLM  # noqa: E402
-from hgpo_jax.trainers.plan import PRESETS  # noqa: E402
-from hgpo_jax.rl.batching import PolicyRows  # noqa: E402
-from hgpo_jax.rl.ppo import LossConfig, make_train_step  # noqa: E402
-from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings  # noqa: E402
-from hgpo_jax.rl.sampling import Sampler  # noqa: E402
+from hgpo_jax.models import DecoderConfig, make_mesh
+from hgpo_jax.models.attention import resolve_attention
+from hgpo_jax.models.decoder import CausalLM
+from hgpo_jax.trainers.plan import PRESETS
+from hgpo_jax.rl.batching import PolicyRows
+from hgpo_jax.rl.ppo import LossConfig, make_train_step
+from hgpo_jax.rl.update import init_opt_state, make_optimizer, param_shardings
+from hgpo_jax.rl.sampling import Sampler
 
 SHAPES = {"1.5b": PRESETS["Qwen/Qwen2.5-1.5B-Instruct"], "7b": PRESETS["Qwen/Qwen2.5-7B-Instruct"]}
 
 
 def shape_config(name: str) -> DecoderConfig:
     if name == "bench":
-        from bench_common import BENCH_SHAPE
+        from experiments.benchmarks.bench_common import BENCH_SHAPE
         return DecoderConfig(**BENCH_SHAPE)
     if name.startswith("local-"):  # the models built here (`build:alfworld-<size>`: 4,096 tokens)
         from hgpo_jax.models.local import model_config

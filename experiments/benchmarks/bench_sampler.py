@@ -14,7 +14,7 @@ transformers runs (torch uses all CPU threads):
   a script) and the params loaded onto a data-parallel mesh (`make_mesh(data=N)`), so
   `generate` splits the batch over the cores (docs/sampling.md, "CPU hosts").
 
-    python experiments/bench_sampler.py [--batch 16] [--prompt 256] [--new 32] [--repeats 5]
+    python -m experiments.benchmarks.bench_sampler [--batch 16] [--prompt 256] [--new 32] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import torch
 from hgpo_jax.models import make_mesh, request_cpu_devices
 from hgpo_jax.rl.sampling import Sampler
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
-from bench_common import BENCH_SHAPE, paired_models  # noqa: E402
+from experiments.benchmarks.bench_common import BENCH_SHAPE, paired_models
 
 
 def time_interleaved(fns: dict, repeats: int) -> dict[str, list[float]]:

@@ -2,13 +2,13 @@
 real ALFWorld rollout shapes. A benchmark: nothing asserted.
 
     # 1. real row lengths: rollouts of the kept laptop warm start on real ALFWorld (no update)
-    python experiments/bench_token_budget.py --collect 4
+    python -m experiments.benchmarks.bench_token_budget --collect 4
     # 2. padding and update + log-prob time, fixed (key 0) vs token budgets, laptop model
-    python experiments/bench_token_budget.py --budgets 0,2176,4352,8704
+    python -m experiments.benchmarks.bench_token_budget --budgets 0,2176,4352,8704
 
 --collect N runs N rollout iterations of hgpo_jax/configs/alfworld_laptop_rl.yaml (16 episodes
 of at most 50 steps each, temperature 0.4) from docs/results/alfworld_laptop/warm_start (rebuilt
-by `python experiments/alfworld_laptop.py --stage sft`: weights are not kept in git) on the
+by `python -m experiments.alfworld_laptop --stage sft`: weights are not kept in git) on the
 train split and writes every row's prompt and response length to LENGTHS (JSON).
 
 The timing pass replays each recorded iteration's rows as the trainer does: pack to [S, L], the
@@ -27,14 +27,13 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+import argparse
+import json
+import sys
+import tempfile
+import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LENGTHS = os.path.join(ROOT, "docs", "results", "token_budget", "alfworld_laptop_lengths.json")
 WARM_START = os.path.join(ROOT, "docs", "results", "alfworld_laptop", "warm_start")
 CONFIG = "alfworld_laptop_rl"
@@ -68,7 +67,7 @@ def collect(iterations: int, out: str, seed: int) -> None:
                       f"{time.perf_counter() - t0:.1f}s", flush=True)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"source": f"experiments/bench_token_budget.py --collect {iterations} --seed {seed}",
+        json.dump({"source": f"experiments/benchmarks/bench_token_budget.py --collect {iterations} --seed {seed}",
                    "config": CONFIG, "model": "docs/results/alfworld_laptop/warm_start",
                    "max_prompt_tokens": r.max_prompt_tokens, "max_new_tokens": r.max_new_tokens,
                    "pad_multiple": cfg.train.pad_multiple, "iterations": records}, f)
@@ -217,7 +216,7 @@ def bench(args) -> dict:
         tmp.cleanup()
     return {"lengths": os.path.relpath(args.lengths, ROOT), "iterations": len(records),
             "rows": sum(len(r["prompt"]) for r in records), "repeats": args.repeats,
-            "command": "python experiments/bench_token_budget.py " + " ".join(args.argv),
+            "command": "python -m experiments.benchmarks.bench_token_budget " + " ".join(args.argv),
             "results": [results[b] for b in budgets]}
 
 
@@ -257,7 +256,7 @@ def main(argv=None) -> int:
     args.argv = argv
     if not os.path.isfile(os.path.join(WARM_START, "config.json")):
         raise SystemExit(f"no warm start in {WARM_START}: its weights are not kept in git; rebuild "
-                         "them with `python experiments/alfworld_laptop.py --stage sft`")
+                         "them with `python -m experiments.alfworld_laptop --stage sft`")
     if args.collect:
         collect(args.collect, args.lengths, args.seed)
         return 0

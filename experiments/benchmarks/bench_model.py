@@ -3,7 +3,7 @@
 Same tiny config, same weights (the Flax model is loaded from the transformers checkpoint), same
 batch; prints tokens/s of each and their ratio. A benchmark, not a test: nothing is asserted.
 
-    python experiments/bench_model.py [--batch 8] [--seq 256] [--repeats 5]
+    python -m experiments.benchmarks.bench_model [--batch 8] [--seq 256] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: E402 (bench_common)
-from bench_common import BENCH_SHAPE, paired_models  # noqa: E402
+from experiments.benchmarks.bench_common import BENCH_SHAPE, paired_models
 
 
 def time_it(fn, repeats: int) -> float:

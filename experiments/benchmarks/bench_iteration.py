@@ -1,11 +1,11 @@
 """One HGPO iteration of a paper config, each phase timed and set against its physical limit on the
 device it ran on. A benchmark: nothing is asserted.
 
-    python experiments/bench_iteration.py --shape tiny --min-prompt-tokens 1024      # ALFWorld, CPU
-    python experiments/bench_iteration.py --shape tiny --env webshop --min-prompt-tokens 1024
-    python experiments/bench_iteration.py --shape 1.5b --min-prompt-tokens 1536 --json out.json  # 1 GPU
-    python experiments/bench_iteration.py --shape qwen3-1.7b --min-prompt-tokens 1536 --json out.json
-    python experiments/bench_iteration.py --shape tiny rollout.num_groups=2 env.max_steps=3    # key=value
+    python -m experiments.benchmarks.bench_iteration --shape tiny --min-prompt-tokens 1024      # ALFWorld, CPU
+    python -m experiments.benchmarks.bench_iteration --shape tiny --env webshop --min-prompt-tokens 1024
+    python -m experiments.benchmarks.bench_iteration --shape 1.5b --min-prompt-tokens 1536 --json out.json  # 1 GPU
+    python -m experiments.benchmarks.bench_iteration --shape qwen3-1.7b --min-prompt-tokens 1536 --json out.json
+    python -m experiments.benchmarks.bench_iteration --shape tiny rollout.num_groups=2 env.max_steps=3    # key=value
 
 What runs: `Trainer.run_iteration` of the paper config (`--env alfworld`:
 hgpo_k2_alfworld_qwen2.5_1.5b, 16 groups x 8 envs, up to 50 steps, memory H = 2, prompts cut at
@@ -559,7 +559,7 @@ def main(argv=None) -> dict:
           f"{time.perf_counter() - t_start:.0f}s", flush=True)
 
     result = {
-        "command": "python experiments/bench_iteration.py " + " ".join(
+        "command": "python -m experiments.benchmarks.bench_iteration " + " ".join(
             sys.argv[1:] if argv is None else argv),
         "config": cfg.name, "shape": args.shape, "model_seed": args.model_seed,
         "train_seed": cfg.train.seed, "params": n_params,

@@ -2,10 +2,10 @@
 prompt lengths and each decode attention, with random weights of a model shape. A benchmark for a
 GPU: nothing asserted.
 
-    python experiments/probe_decode.py --json out.json                           # 1.5B, bf16 weights
-    python experiments/probe_decode.py --param-dtype float32 --new 512 --grid 128x2048,128x1024-2048
-    python experiments/probe_decode.py --param-dtype float32 --new 512 --grid 128x2048 --no-cast
-    python experiments/probe_decode.py --shape bench --new 16 --grid 2x64         # CPU smoke run
+    python -m experiments.benchmarks.probe_decode --json out.json                           # 1.5B, bf16 weights
+    python -m experiments.benchmarks.probe_decode --param-dtype float32 --new 512 --grid 128x2048,128x1024-2048
+    python -m experiments.benchmarks.probe_decode --param-dtype float32 --new 512 --grid 128x2048 --no-cast
+    python -m experiments.benchmarks.probe_decode --shape bench --new 16 --grid 2x64         # CPU smoke run
 
 Grid points: `RxP` (R rows of P prompt tokens) or `RxA-B` (R rows whose prompts run evenly from
 A to B tokens: rows of different lengths, as a rollout's). Each point and each `--decode` ('einsum':
@@ -28,18 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import jax
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_train_step import shape_config  # noqa: E402
+from experiments.benchmarks.bench_train_step import shape_config
 
-import hgpo_jax.rl.sampling as sampling  # noqa: E402
-from hgpo_jax.models.decoder import CausalLM  # noqa: E402
+import hgpo_jax.rl.sampling as sampling
+from hgpo_jax.models.decoder import CausalLM
 
 
 def grid_point(point: str) -> tuple[int, list[int]]:

@@ -1,7 +1,7 @@
 """Benchmark of `compute_step_advantages` (host grouping + jitted device part). Not a test.
 
-  python experiments/bench_advantages.py            # full run (about a minute on 2 CPU cores)
-  python experiments/bench_advantages.py --quick    # smoke run, a few seconds
+  python -m experiments.benchmarks.bench_advantages            # full run (about a minute on 2 CPU cores)
+  python -m experiments.benchmarks.bench_advantages --quick    # smoke run, a few seconds
 
 (1) 16 tasks x 8 trajectories x 50 steps (N = 6,400), K = 4, hgpo, text anchors that repeat
     across each task's group: median wall time after warm-up against the dict-based reference of
@@ -17,21 +17,31 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (ROOT, os.path.join(ROOT, "tests")):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reference_advantages import reference_step_advantages  # noqa: E402
 
-from hgpo_jax.rl import compute_step_advantages  # noqa: E402
-from hgpo_jax.rl.advantages import step_advantages_from_index  # noqa: E402
-from hgpo_jax.rl.grouping import (  # noqa: E402
+
+def _reference():
+    """tests/reference_advantages.py (the test suite's reference, read by path: tests/ is no
+    package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "reference_advantages", os.path.join(ROOT, "tests", "reference_advantages.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reference_step_advantages
+
+
+reference_step_advantages = _reference()
+
+from hgpo_jax.rl import compute_step_advantages
+from hgpo_jax.rl.advantages import step_advantages_from_index
+from hgpo_jax.rl.grouping import (
     index_step_groups,
     build_trajectory_groups,
     discounted_returns,

@@ -1,10 +1,10 @@
 """Benchmark of `EnvPool`: env resets and steps per second with 1, 2 and 4 worker processes.
 
-  python experiments/bench_envs.py                       # toy env, 16 envs, workers 1 2 4
-  python experiments/bench_envs.py --quick               # smoke run, a few seconds
-  python experiments/bench_envs.py --env alfworld --split valid_seen [--data-dir DIR]
-  python experiments/bench_envs.py --env webshop --split test [--data-dir DIR]
-  python experiments/bench_envs.py --busy-ms 2           # toy env that burns 2 ms CPU per step
+  python -m experiments.benchmarks.bench_envs                       # toy env, 16 envs, workers 1 2 4
+  python -m experiments.benchmarks.bench_envs --quick               # smoke run, a few seconds
+  python -m experiments.benchmarks.bench_envs --env alfworld --split valid_seen [--data-dir DIR]
+  python -m experiments.benchmarks.bench_envs --env webshop --split test [--data-dir DIR]
+  python -m experiments.benchmarks.bench_envs --busy-ms 2           # toy env that burns 2 ms CPU per step
 
 M envs are reset on M tasks (toy: 0..M-1; other envs: the first M tasks of the split, from the
 env registry: ALFWorld games, WebShop goals), then stepped
@@ -24,17 +24,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hgpo_jax.envs.pool import EnvPool  # noqa: E402
-from hgpo_jax.envs.toy import ToyMemoryEnv  # noqa: E402
+from hgpo_jax.envs.pool import EnvPool
+from hgpo_jax.envs.toy import ToyMemoryEnv
 
 
 class BusyToyEnv(ToyMemoryEnv):
