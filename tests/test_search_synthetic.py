@@ -33,7 +33,7 @@ def test_the_world_is_deterministic_and_its_files_are_the_projects_formats(tmp_p
     assert [p.title for p in load_corpus(files["corpus"])] == [p["title"] for p in a.passages]
     test = load_questions(files["test"])
     assert [q.question for q in test] == [r.question for r in a.test]
-    assert {q.data_source for q in test} == {synthetic.ONEHOP, synthetic.TWOHOP}
+    assert {q.data_source for q in test} == {synthetic.ONEHOP, synthetic.PROFESSION, synthetic.TWOHOP}
     again = synthetic.write_world(a, folder)  # written once
     assert again == folder and sorted(os.listdir(folder)) == sorted(
         [".complete", "corpus.jsonl", "train.jsonl", "test.jsonl"])

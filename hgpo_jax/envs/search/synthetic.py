@@ -19,7 +19,11 @@ about disjoint people born in disjoint cities, so held-out questions are about p
 never trained on: the city -> country hop cannot be memorised, only looked up. The countries (12)
 are shared: a country is an answer, never a key.
 
-Data sources: `onehop` (where born -> city; profession -> profession), `twohop` (country).
+Data sources: `onehop` (where born -> city), `profession` (one hop too, but its answer is one of 12
+common words: a policy that answers the profession to every question wins all of them without
+telling the questions apart, and a small model learns that shortcut first; the laptop study leaves
+them out with `env.search.data_sources=[onehop, twohop]`, docs/results.md section 10), `twohop`
+(country).
 What it does not show: reading real text, paraphrased questions, answers not stated verbatim,
 deciding when enough has been found from text that only partly answers (docs/envs.md).
 """
@@ -37,7 +41,7 @@ import numpy as np
 
 from hgpo_jax.envs.data import cache_root, is_complete, publish_folder
 
-VERSION = "synthetic-v1"  # bump when the world's generation changes: the cache is keyed by it
+VERSION = "synthetic-v2"  # bump when the world's generation changes: the cache is keyed by it
 SEED = 0
 # syllable pools: one per kind of name, so a first name is never a last name, a city or a country
 FIRST_SYLLABLES = ("ka", "lo", "mi", "ren", "sa", "to", "vel", "yo", "zan", "bo", "da", "fen")
@@ -48,7 +52,7 @@ CITY_SYLLABLES = ("ar", "bel", "cor", "dun", "es", "fal", "gar", "hol", "ir", "j
 COUNTRY_SYLLABLES = ("ta", "ve", "qui", "xa", "ro", "su", "ne", "po")
 PROFESSIONS = ("baker", "painter", "farmer", "doctor", "teacher", "sailor", "singer", "lawyer",
                "pilot", "writer", "tailor", "miner")
-ONEHOP, TWOHOP = "onehop", "twohop"
+ONEHOP, PROFESSION, TWOHOP = "onehop", "profession", "twohop"
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl")
 
 
@@ -115,7 +119,7 @@ def city_text(city: str, country: str) -> str:
 def questions_of(p: Person, country: str) -> list[tuple[str, str, str]]:
     """(question, answer, data source) of one person: where born, profession, country of birth."""
     return [(f"Where was {p.name} born?", p.city, ONEHOP),
-            (f"What is the profession of {p.name}?", p.profession, ONEHOP),
+            (f"What is the profession of {p.name}?", p.profession, PROFESSION),
             (f"In which country was {p.name} born?", country, TWOHOP)]
 
 
