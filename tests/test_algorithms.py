@@ -181,10 +181,10 @@ def test_the_critic_unit_logs_the_explained_variance_of_its_values():
     state = types.SimpleNamespace(params=None)
     adv = unit.advantages(rows, state, lambda fn, params, width: values)
     np.testing.assert_allclose(adv.returns[:7, :3], targets[:7, :3], atol=1e-5)
-    assert adv.metrics["critic/explained_var"] == pytest.approx(0.75, abs=1e-6)
+    assert adv.alone()["critic/explained_var"] == pytest.approx(0.75, abs=1e-6)
     assert not [k for k in adv.metrics if k.startswith("critic/explained_var/")]  # one head
     adv = unit.advantages(rows, state, lambda fn, params, width: targets)  # perfect values
-    assert adv.metrics["critic/explained_var"] == pytest.approx(1.0, abs=1e-6)
+    assert adv.alone()["critic/explained_var"] == pytest.approx(1.0, abs=1e-6)
 
 
 # ------------------------------------------------------------------------------------- a new unit

@@ -121,16 +121,16 @@ def test_hae_advantages_land_on_their_blocks_and_targets_on_their_heads():
     assert adv.row_means["hiper/switch_rate"] == pytest.approx(1 / 5)
     assert adv.row_means["hiper/consistency_violation_rate"] == pytest.approx(1 / 3)
     # two episodes of one segment each (2 and 3 turns): 5 turns / 2 segments
-    assert adv.metrics["hiper/mean_segment_length"] == pytest.approx(2.5)
+    assert adv.alone()["hiper/mean_segment_length"] == pytest.approx(2.5)
     # each head's values against its targets, where the target is (the value before the update)
     for h in range(3):
         at = adv.value_mask[..., h] > 0
         t, v = adv.returns[..., h][at].astype(np.float64), values[..., h][at].astype(np.float64)
-        assert adv.metrics[f"critic/explained_var/head{h}"] == pytest.approx(
+        assert adv.alone()[f"critic/explained_var/head{h}"] == pytest.approx(
             1 - np.var(t - v) / np.var(t), rel=1e-6)
     at = adv.value_mask > 0
     t, v = adv.returns[at].astype(np.float64), values[at].astype(np.float64)
-    assert adv.metrics["critic/explained_var"] == pytest.approx(1 - np.var(t - v) / np.var(t), rel=1e-6)
+    assert adv.alone()["critic/explained_var"] == pytest.approx(1 - np.var(t - v) / np.var(t), rel=1e-6)
     # the policy's rows carry the loss mask
     assert rows.policy_rows(adv).response_mask is adv.loss_mask
 

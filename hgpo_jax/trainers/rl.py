@@ -386,19 +386,25 @@ class Trainer(Run):
 
     def row_statistics(self, rows: StepRows, adv: Advantages) -> tuple[dict[str, float], float]:
         """Stage 5: the per-row statistics (advantages, the rollout-vs-policy log-prob gap, the
-        advantage stage's row means) and the tokens of the iteration, reduced over processes:
-        the one place an iteration's metrics are combined across processes."""
+        advantage stage's row means and the metrics it left to gather, `Advantages.gathered`)
+        and the tokens of the iteration, reduced over processes: the one place an iteration's
+        metrics are combined across processes."""
         mask = rows.tokens.response_mask
         gap = np.abs((rows.old_logp - rows.tokens.sample_logp) * mask).sum()
         tokens = float(rows.tokens.attention_mask.sum())
         if self.procs > 1:
-            return merge_row_statistics(dist.allgather_json({
+            parts = dist.allgather_json({
                 "rows": len(rows.batch), "adv": [float(adv.row_adv.sum()),
                                                  float(np.square(adv.row_adv).sum())],
                 "tokens": tokens, "logp_gap": [float(gap), float(mask.sum())],
-                "row_means": adv.row_means}))
+                "row_means": adv.row_means,
+                "gathered": {k: part for k, (part, _) in adv.gathered.items()}})
+            stats, tokens = merge_row_statistics(parts)
+            return {**stats, **{k: combine([p["gathered"][k] for p in parts])
+                                for k, (_, combine) in adv.gathered.items()}}, tokens
         row_adv = adv.row_adv
-        return {**adv.row_means,
+        alone = {k: v for k, v in adv.alone().items() if k in adv.gathered}
+        return {**adv.row_means, **alone,
                 "train/mean_advantage": float(row_adv.mean()) if len(row_adv) else 0.0,
                 "train/std_advantage": float(row_adv.std()) if len(row_adv) else 0.0,
                 "train/rollout_vs_policy_logp_gap": float(gap / max(mask.sum(), 1))}, tokens

@@ -80,6 +80,10 @@ class Advantages:
     the update and its targets ([S, W] or [S, W, H]; None without a critic); row_adv float [n]:
     each real row's advantage (its token mean per token), for the statistics; row_means:
     statistics averaged over the rows (of every process); metrics: metrics global already;
+    gathered: {metric: (this process's part, JSON-able; combine(parts) -> the metric from every
+    process's part, in process order)}: metrics over every process's rows that a unit leaves to
+    the trainer to combine (one gather for them all, `trainers.rl.Trainer.row_statistics`), so
+    that the unit itself calls no collective;
     loss_mask: float32 [S, L], the tokens the policy's loss covers, a subset of the response
     tokens (None: all of them); value_mask: where each head's target is ([S, W] or [S, W, H];
     None: the critic's own rule)."""
@@ -88,10 +92,16 @@ class Advantages:
     row_adv: np.ndarray
     row_means: dict = dataclasses.field(default_factory=dict)
     metrics: dict = dataclasses.field(default_factory=dict)
+    gathered: dict = dataclasses.field(default_factory=dict)
     values: np.ndarray | None = None
     returns: np.ndarray | None = None
     loss_mask: np.ndarray | None = None
     value_mask: np.ndarray | None = None
+
+    def alone(self) -> dict[str, float]:
+        """`metrics` and the `gathered` ones combined over this process's part alone: the
+        values of a one-process run."""
+        return {**self.metrics, **{k: combine([part]) for k, (part, combine) in self.gathered.items()}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +217,9 @@ class Algorithm:
     def update_state(self, state: Any, rows: StepRows, adv: Advantages,
                      order: list[np.ndarray], mesh) -> tuple[Any, list[dict]]:
         """Update the unit's own model on the mini-batches `order` (row indices, -1 inert) before
-        the policy's updates -> (state, one metrics dict per update); none without a state."""
+        the policy's updates -> (state, one metrics dict per update); none without a state.
+        Every process calls it at once with its own rows (the only unit method that may gather
+        over processes: a token-budget update weighs each micro-batch by every process's counts)."""
         return state, []
 
     def plan_state(self, model_cfg, attention: str) -> StatePlan | None:

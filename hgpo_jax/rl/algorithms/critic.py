@@ -5,8 +5,9 @@ policy from iteration `critic.warmup_iterations` on.
 
 The critic family's metric of how well the values before the update predict their targets:
 `critic/explained_var` = 1 - Var(target - value) / Var(target) over the positions the critic is
-trained on (`explained_variance_metrics`; per head too with several heads), exact over processes,
-0.0 where the targets have no variance (or there are none)."""
+trained on (`explained_variance_parts`; per head too with several heads), exact over processes
+(each process's moments, combined by the trainer: `Advantages.gathered`), 0.0 where the targets
+have no variance (or there are none)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,22 @@ def explained_variance(parts: list[list[float]]) -> float:
 def heads_text(heads: int) -> str:
     """"3 value heads", "1 value head"."""
     return f"{heads} value head{'s' * (heads != 1)}"
+
+
+def explained_variance_parts(values, returns, value_mask) -> dict[str, tuple]:
+    """`critic/explained_var` of the values before the update against their targets over every
+    position of `value_mask` (> 0), and with H > 1 heads `critic/explained_var/head{h}` over head
+    h's alone, as `Advantages.gathered` parts: this process's moments (`value_moments`) and
+    `explained_variance`, which combines every process's exactly. values, returns: this process's
+    [S, W] or [S, W, H]; value_mask: of their shape."""
+    keep = np.asarray(value_mask) > 0
+    picks = {"critic/explained_var": (values, returns, keep)}
+    if np.ndim(values) == 3:
+        picks.update({f"critic/explained_var/head{h}": (values[..., h], returns[..., h],
+                                                        keep[..., h])
+                      for h in range(values.shape[-1])})
+    return {name: (value_moments(np.asarray(r)[k], np.asarray(v)[k]), explained_variance)
+            for name, (v, r, k) in picks.items()}
 
 
 class CriticAlgorithm(Algorithm):
@@ -175,24 +192,9 @@ class CriticAlgorithm(Algorithm):
         row_adv = (adv[:n] * mask[:n]).sum(1) / np.maximum(mask[:n].sum(1), 1)
         returns = dist.local_rows(returns, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        metrics.update(self.explained_variance_metrics(
-            values, returns, np.asarray(window_masks(mask, self.window)[1])))
-        return Advantages(adv, row_adv, {}, metrics, values=values, returns=returns)
-
-    def explained_variance_metrics(self, values, returns, value_mask) -> dict[str, float]:
-        """`critic/explained_var` of the values before the update against their targets over
-        every position of `value_mask` (> 0), and with H > 1 heads `critic/explained_var/head{h}`
-        over head h's alone. values, returns: this process's [S, W] or [S, W, H]; value_mask: of
-        their shape. Exact over the processes (one gather of each one's moments)."""
-        keep = np.asarray(value_mask) > 0
-        picks = {"critic/explained_var": (values, returns, keep)}
-        if np.ndim(values) == 3:
-            picks.update({f"critic/explained_var/head{h}": (values[..., h], returns[..., h],
-                                                            keep[..., h])
-                          for h in range(values.shape[-1])})
-        local = [value_moments(np.asarray(r)[k], np.asarray(v)[k]) for v, r, k in picks.values()]
-        parts = dist.allgather_json(local)                                    # [P][metric]
-        return {name: explained_variance([p[i] for p in parts]) for i, name in enumerate(picks)}
+        gathered = explained_variance_parts(values, returns,
+                                            np.asarray(window_masks(mask, self.window)[1]))
+        return Advantages(adv, row_adv, {}, metrics, gathered, values=values, returns=returns)
 
     def updates_policy(self, iteration: int) -> bool:
         """From iteration `critic.warmup_iterations` on (at least the first), as verl's

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from hgpo_jax import distributed as dist
 from hgpo_jax.agents.plan_execute import ReplySpans, reply_spans
 from hgpo_jax.rl.algorithms.base import Advantages, StepRows
-from hgpo_jax.rl.algorithms.critic import CriticAlgorithm
+from hgpo_jax.rl.algorithms.critic import CriticAlgorithm, explained_variance_parts
 from hgpo_jax.rl.hae import hae_of_turns
+
 
 def block_masks(spans: list[ReplySpans], width: int) -> tuple[np.ndarray, ...]:
     """(action, subgoal, switch) bool [n, width]: each reply's block masks in its response window."""
@@ -61,6 +61,12 @@ def subgoal_changed(traj_id, turn, response_ids, subgoal: np.ndarray) -> tuple[n
         prev = at.get((int(t), int(k) - 1))
         changed[i] = prev is not None and has[prev] and has[i] and blocks[prev] != blocks[i]
     return changed, has
+
+
+def turns_per_segment(parts) -> float:
+    """Every process's [turns, segments] -> turns per segment (the mean segment length)."""
+    turns, segments = np.sum(np.asarray(parts, np.int64), axis=0)
+    return float(turns / max(segments, 1))
 
 
 class HiperAlgorithm(CriticAlgorithm):
@@ -125,8 +131,7 @@ class HiperAlgorithm(CriticAlgorithm):
                      "hiper/consistency_violation_rate":
                          float((changed & keep_later).sum() / max(keep_later.sum(), 1)),
                      "hiper/loss_tokens_per_row": float(loss_mask[:n].sum(1).mean()) if n else 0.0}
-        turns_done, segments = np.sum(dist.allgather_json([n, int(hae.has_high.sum())]), axis=0)
-        metrics = {"hiper/mean_segment_length": float(turns_done / max(segments, 1)),
-                   **self.explained_variance_metrics(values, returns, value_mask)}
-        return Advantages(advantages, row_adv, row_means, metrics, values=values, returns=returns,
-                          loss_mask=loss_mask, value_mask=value_mask)
+        gathered = {"hiper/mean_segment_length": ([n, int(hae.has_high.sum())], turns_per_segment),
+                    **explained_variance_parts(values, returns, value_mask)}
+        return Advantages(advantages, row_adv, row_means, {}, gathered, values=values,
+                          returns=returns, loss_mask=loss_mask, value_mask=value_mask)
