@@ -204,8 +204,9 @@ class Trainer(Run):
             self.guide.load_state_dict(meta["guidance"])
 
     def policy(self, temperature: float) -> Policy:
-        return Policy.of_rollout(self.model(), self.tokenizer, self.cfg.rollout, temperature,
-                                 sampler=self.sampler)
+        """The current policy at `temperature`, generating with the run's sampler (the same
+        policy the run's evaluations play: `Evaluator.policy`)."""
+        return self.evaluator.policy(temperature)
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self) -> dict[str, float]:
@@ -400,11 +401,9 @@ class Trainer(Run):
                 "row_means": adv.row_means,
                 "gathered": {k: part for k, (part, _) in adv.gathered.items()}})
             stats, tokens = merge_row_statistics(parts)
-            return {**stats, **{k: combine([p["gathered"][k] for p in parts])
-                                for k, (_, combine) in adv.gathered.items()}}, tokens
+            return {**stats, **adv.gathered_metrics([p["gathered"] for p in parts])}, tokens
         row_adv = adv.row_adv
-        alone = {k: v for k, v in adv.alone().items() if k in adv.gathered}
-        return {**adv.row_means, **alone,
+        return {**adv.row_means, **adv.gathered_metrics(),
                 "train/mean_advantage": float(row_adv.mean()) if len(row_adv) else 0.0,
                 "train/std_advantage": float(row_adv.std()) if len(row_adv) else 0.0,
                 "train/rollout_vs_policy_logp_gap": float(gap / max(mask.sum(), 1))}, tokens

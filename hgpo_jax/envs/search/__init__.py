@@ -138,8 +138,7 @@ def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
     if kind.endswith("_other"):
         out = []
         for j in range(OTHER_WORLDS):
-            files = synthetic.world_files(seed=OTHER_WORLD_SEED + j)
-            other = SearchOptions(corpus=files["corpus"], train=files["train"], test=files["test"])
+            other = world_options(OTHER_WORLD_SEED + j)
             env = make_search_env(other, env_cfg.max_steps)
             tasks = [f"train:{i}" for i in range(len(split_questions(other, "train")))]
             count = n // OTHER_WORLDS + (j < n % OTHER_WORLDS)
@@ -164,17 +163,23 @@ def corpus_episodes() -> list:
     on average, was 3.4 with the first world's text alone and no name pieces)."""
     from hgpo_jax.envs.search import synthetic
 
-    files = synthetic.world_files(seed=TOKENIZER_WORLD)
-    options = SearchOptions(corpus=files["corpus"], train=files["train"], test=files["test"])
-    env = make_search_env(options, max_turns=4)
+    env = make_search_env(world_options(TOKENIZER_WORLD), max_turns=4)
     tasks = [f"train:{i}" for i in range(600)]
     out = synthetic.record(env, tasks, "expert") + synthetic.record(env, tasks, "random", seed=1)
     for j in range(OTHER_WORLDS):
-        files = synthetic.world_files(seed=OTHER_WORLD_SEED + j)
-        other = SearchOptions(corpus=files["corpus"], train=files["train"], test=files["test"])
-        out += synthetic.record(make_search_env(other, max_turns=4),
+        out += synthetic.record(make_search_env(world_options(OTHER_WORLD_SEED + j), max_turns=4),
                                 [f"train:{i}" for i in range(300)], "expert")
     return out
+
+
+def world_options(seed: int) -> SearchOptions:
+    """The options of the synthetic world of `seed` (its corpus, train and test files in the
+    cache, written on first use): another world than the one `env.search.dataset=synthetic`
+    plays, for the episodes of the `*_other` kinds and a built model's tokenizer."""
+    from hgpo_jax.envs.search.synthetic import world_files
+
+    files = world_files(seed=seed)
+    return SearchOptions(corpus=files["corpus"], train=files["train"], test=files["test"])
 
 
 def _env_specs() -> dict:

@@ -98,10 +98,16 @@ class Advantages:
     loss_mask: np.ndarray | None = None
     value_mask: np.ndarray | None = None
 
+    def gathered_metrics(self, parts: list[dict] | None = None) -> dict[str, float]:
+        """The `gathered` metrics, each combined over `parts` (every process's {metric: part},
+        in process order); None: over this process's part alone (a one-process run)."""
+        if parts is None:
+            parts = [{k: part for k, (part, _) in self.gathered.items()}]
+        return {k: combine([p[k] for p in parts]) for k, (_, combine) in self.gathered.items()}
+
     def alone(self) -> dict[str, float]:
-        """`metrics` and the `gathered` ones combined over this process's part alone: the
-        values of a one-process run."""
-        return {**self.metrics, **{k: combine([part]) for k, (part, combine) in self.gathered.items()}}
+        """`metrics` and the `gathered` ones as a one-process run has them."""
+        return {**self.metrics, **self.gathered_metrics()}
 
 
 @dataclasses.dataclass(frozen=True)
