@@ -10,7 +10,7 @@ on the history-dependent toy task, several paired seeds: does guidance raise hin
 The task is "toy-history" (experiments/compare_estimators.py's setting: press a coloured button,
 walk a corridor, open the door of the pressed colour; memory H = 4). Per seed one format-only
 warm start (hgpo-jax sft on random episodes) is shared by the arms: GRPO and HGPO K=2, each
-without and with guidance (`guidance.enable=true`, the authors' scripts' schedule values:
+without and with guidance (`guidance.kind=g2`, the authors' scripts' schedule values:
 dynamic_sigma, batch_acc_low = batch_acc_high = 0.5; 3 clusters of the experts' lengths, 3-5
 steps; the experts are the env's optimal solutions), without and with the authors' prefix-SFT
 term (`guidance.sft_coef=0.5`, their scripts' value). Everything else is equal: 16 tasks x 8
@@ -41,7 +41,7 @@ from experiments.compare_estimators import (SPLIT, curves, mean_ci, plot_success
 from hgpo_jax.envs.toy import PALETTE
 from hgpo_jax.metrics import read_metrics
 
-GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma",
+GUIDED = ["guidance.kind=g2", "guidance.sigma_mode=dynamic_sigma",
           "guidance.batch_acc_low=0.5", "guidance.batch_acc_high=0.5",
           "guidance.num_difficulty_groups=3"]
 ARMS = {  # name -> overrides

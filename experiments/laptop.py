@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES = ("experts", "sft", "eval_warm", "rl", "report")
 # Agent-G2's guidance as the authors' scripts (docs/guidance.md), recording only the experts of
 # the tasks a run draws (a few minutes instead of hours for ALFWorld's train split)
-GUIDED = ["guidance.enable=true", "guidance.sigma_mode=dynamic_sigma", "guidance.batch_acc_low=0.5",
+GUIDED = ["guidance.kind=g2", "guidance.sigma_mode=dynamic_sigma", "guidance.batch_acc_low=0.5",
           "guidance.batch_acc_high=0.5", "guidance.sft_coef=0.5", "guidance.expert_tasks=drawn"]
 # the same with shallower prefixes: mu_global starts at 0.5 and aims at a batch success of 0.25
 # (the authors': 0.8 and 0.5), so that the policy plays more of each episode than its last steps

@@ -35,7 +35,7 @@ import yaml
 from hgpo_jax.algo_specs import (ALGO_OPTIONS, ONE_SCORE_CONFLICT, AdamWOptions, Options,
                                   algorithm_names, algorithm_spec, one_score_conflict)
 from hgpo_jax.algo_specs import CriticOptions as CriticConfig
-from hgpo_jax.guidance_specs import GuidanceOptions
+from hgpo_jax.guidance_specs import GUIDANCE_OPTIONS, GuidanceChoice, kind_of_enable
 from hgpo_jax.config_checks import (EVAL_PROTOCOLS, NESTED, SCHEDULES, ConfigError,
                                     NestedOptions, allowed_values, check_algo_keys,
                                     cross_section_problems, env_options, env_rewards, env_splits,
@@ -312,9 +312,8 @@ class SftConfig(Options):
 
 
 @dataclass
-class GuidanceConfig(GuidanceOptions):
-    """Expert-guided rollouts (Agent-G², `hgpo_jax.guidance_specs`, docs/guidance.md): off by
-    default; any algorithm may take them."""
+class GuidanceConfig(*GUIDANCE_OPTIONS, GuidanceChoice):
+    """Guided rollouts (`kind`, declared in `hgpo_jax.guidance_specs`) and every kind's options."""
 
 
 @dataclass
@@ -361,7 +360,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)  # evaluation protocol
     sft: SftConfig = field(default_factory=SftConfig)  # supervised warm start
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (algo.estimator=ppo)
-    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)  # expert-guided rollouts
+    guidance: GuidanceConfig = field(default_factory=GuidanceConfig)  # guided rollouts
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh
     dist: DistConfig = field(default_factory=DistConfig)  # multi-process time-outs
 
@@ -397,8 +396,7 @@ def _negate(value: Any) -> Any:
     return -value if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-# Keys that moved (old section, key) -> (new section, key, value conversion). Old YAML files and
-# run folders keep loading, with a warning that names the new key.
+# Moved keys (old section, key) -> (new section, key, conversion): old files load, with a warning.
 RENAMED_KEYS: dict[tuple[str, str], tuple[str, str, Any]] = {
     ("env", "eval_splits"): ("eval", "splits", None),
     ("rollout", "eval_temperature"): ("eval", "temperature", None),
@@ -406,6 +404,9 @@ RENAMED_KEYS: dict[tuple[str, str], tuple[str, str, Any]] = {
     ("train", "eval_games"): ("eval", "games", None),
     # was a (negative) reward added to invalid steps; now a positive amount subtracted
     ("rollout", "invalid_penalty"): ("algo", "invalid_penalty", _negate),
+    ("guidance", "enable"): ("guidance", "kind", kind_of_enable),  # one kind, on or off
+    ("guidance", "gamma"): ("guidance", "sigma_gamma", None),  # they read like algo.gamma
+    ("guidance", "alpha"): ("guidance", "ema_alpha", None),  # and algo.alpha
 }
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from hgpo_jax.algo_specs import (AGGS, KL_TYPES, LEVEL_WEIGHTS, MODES, PENALTY_PLACEMENTS, STATS,
                                   algorithm_names, algorithm_spec, readers_of)
+from hgpo_jax.guidance_specs import (GUIDANCE_OPTIONS, guidance_kind_names, guidance_readers,
+                                     guidance_spec)
 from hgpo_jax.micro_batches import largest_divisor_at_most, nearest_sft_batch_sizes, sft_batch_fits
 from hgpo_jax.problems import Problems, suggest
 
@@ -366,22 +368,32 @@ def _envs_where(declared: str) -> tuple[str, ...]:
 
 
 def guidance_problems(cfg, p: Problems) -> None:
-    """The `guidance` section against the env: an env with expert trajectories to replay; the
-    uniform draw and a prefix of the whole expert only on an env whose entry allows them
-    (`EnvSpec.whole_expert_guidance`: ALFWorld, as the authors')."""
+    """The `guidance` section against its kind and the env: a key of another kind's options set
+    (`GuidanceSpec.reads`); for a kind that replays experts, an env that records them and a step
+    left for the policy; the uniform draw and a prefix of the whole expert only on an env whose
+    entry allows them (`EnvSpec.whole_expert_guidance`: ALFWorld, as the authors')."""
     g, e = cfg.guidance, cfg.env
-    if not g.enable:
-        p.check(g.sft_coef == 0, "guidance.sft_coef", g.sft_coef,
-                "0 without guidance (prefix SFT trains on replayed steps: set guidance.enable=true)")
+    if g.kind not in guidance_kind_names():
+        return  # the section's own check names the unknown kind
+    reads = guidance_spec(g.kind).reads()
+    for cls in GUIDANCE_OPTIONS:
+        for f in dataclasses.fields(cls):
+            value = getattr(g, f.name)
+            if f.name not in reads and value != f.default:
+                users = guidance_readers(f.name)
+                p.add(f"guidance.{f.name}={value!r}: guidance.kind={g.kind} never reads it (an "
+                      f"option of guidance.kind={'|'.join(users)}); drop it, or set "
+                      f"guidance.kind={users[0]}")
+    if not guidance_spec(g.kind).experts:
         return
     p.check(e.max_steps >= 2, "env.max_steps", e.max_steps,
-            ">= 2 with guidance.enable=true (a prefix replays at least one step, and an episode "
-            "the prefix ends has no turn of the policy to train)")
+            f">= 2 with guidance.kind={g.kind} (a prefix replays at least one step, and an "
+            "episode the prefix ends has no turn of the policy to train)")
     has = env_has_experts(e.name)
     if has is False:
-        p.add(f"guidance.enable=true: env {e.name!r} records no expert trajectories to replay "
-              "(`EnvSpec.expert_trajectories`); turn guidance off or use an env that has them "
-              f"({', '.join(_envs_where('expert_trajectories'))})")
+        p.add(f"guidance.kind={g.kind}: env {e.name!r} records no expert trajectories to replay "
+              "(`EnvSpec.expert_trajectories`); set guidance.kind=none or use an env that has "
+              f"them ({', '.join(_envs_where('expert_trajectories'))})")
     allowed = _envs_where("whole_expert_guidance")
     if e.name not in allowed:
         why = f"the authors allow it on {', '.join(allowed) or 'no env'} only"

@@ -335,8 +335,8 @@ def test_options_defaults_and_errors():
         "frozen_no_prefix_baseline": False, "train_no_prefix_ratio": 0.0,
         "initial_group_accuracy": 0.0, "initial_group_variance": 0.0, "seed": 1}
     s = GaussianSchedule(2, alpha=1, seed=3.0, no_prefix_when_mu_zero=1)
-    assert s.options == ScheduleOptions(alpha=1.0, seed=3, no_prefix_when_mu_zero=True)
-    assert isinstance(s.options.alpha, float) and isinstance(s.options.seed, int)
+    assert s.options == ScheduleOptions(ema_alpha=1.0, seed=3, no_prefix_when_mu_zero=True)
+    assert isinstance(s.options.ema_alpha, float) and isinstance(s.options.seed, int)
     with pytest.raises(TypeError, match=r"'sigma'.*known: .*'fixed_sigma'"):
         GaussianSchedule(2, sigma=0.1)
     for bad, match in ((dict(uniform_half_width=-0.1), "uniform_half_width"),

@@ -1,6 +1,7 @@
-"""Expert-guided rollouts (issue 50, part 3): the replayed prefix in the rollout loop (env steps,
-the agent's memory, rows of the policy's turns only, episode lengths and outcomes) and the
-prefix as history for hgpo's levels."""
+"""Expert-guided rollouts (issue 50, part 3; a unit since issue 62): the prefix replayed by a
+wrapper of the env pool and handed to the rollout loop (env steps, the agent's memory, rows of
+the policy's turns only, episode lengths and outcomes), the prefix as history for hgpo's levels,
+and the `g2` unit in a run."""
 
 import functools
 
@@ -13,6 +14,7 @@ from hgpo_jax.envs.toy import WIN_REWARD, ToyMemoryEnv
 from hgpo_jax.models import load_pretrained, load_tokenizer
 from hgpo_jax.rl import compute_step_advantages
 from hgpo_jax.rl.grouping import index_step_groups, prepare_batch
+from hgpo_jax.rl.guides.replay import ReplayingPool
 from hgpo_jax.rl.rollout import collect_rollouts
 from toy_policies import ScriptedToyPolicy
 
@@ -49,7 +51,8 @@ def test_the_prefix_is_played_remembered_and_never_a_row(tiny):
     prefixes = [plan[:2], [], plan[:3], plan]
     policy = PromptLog(model, tok, think="easy")
     with toy_pool(4) as pool:
-        batch = collect_rollouts(policy, pool, [1], group_size=4, max_steps=10, prefixes=prefixes)
+        batch = collect_rollouts(policy, ReplayingPool(pool, prefixes, 10), [1], group_size=4,
+                                 max_steps=10)
     assert policy.batch_sizes == [3, 2, 1, 1]  # env 1 plays 4 turns, env 0 two, env 2 one
     assert sorted(set(batch.traj_id.tolist())) == [0, 1, 2]
     for traj, first in ((0, 2), (1, 0), (2, 3)):
@@ -74,8 +77,8 @@ def test_the_prefix_bounds_the_policys_steps(tiny):
     plan = solution(2)  # press, forward x3, open: 5 steps
     policy = ScriptedToyPolicy(model, tok, think="easy")
     with toy_pool(1, max_steps=50) as pool:
-        batch = collect_rollouts(policy, pool, [2], group_size=1, max_steps=3,
-                                 prefixes=[plan[:2]])
+        batch = collect_rollouts(policy, ReplayingPool(pool, [plan[:2]], 3), [2], group_size=1,
+                                 max_steps=3)
     assert len(batch) == 1 and not batch.won.any()
     np.testing.assert_array_equal(batch.episode_length, [3])
 
@@ -151,10 +154,10 @@ def test_the_oracle_reads_the_shared_prefix_as_history():
 
 # --------------------------------------------------------------------------- the run's guide
 def guide_of(experts, **options):
-    from hgpo_jax.guidance_specs import GuidanceOptions
-    from hgpo_jax.rl.guide import Guide
+    from hgpo_jax.guidance_specs import G2Options
+    from hgpo_jax.rl.guides.g2 import Guide
 
-    return Guide(experts, lambda text: list(text), GuidanceOptions(enable=True, **options),
+    return Guide(experts, lambda text: list(text), G2Options(**options),
                  max_steps=10)
 
 
@@ -204,14 +207,14 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
 
     def config(iterations):
         return load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
-                                            "guidance.enable=true", f"train.iterations={iterations}",
+                                            "guidance.kind=g2", f"train.iterations={iterations}",
                                             "train.save_every=1",
                                             "guidance.initial_group_accuracy=0.5"])
 
     with Trainer(config(1), progress=False) as trainer:
         history = trainer.train()
-        state = trainer.guide.state_dict()
-        assert trainer.guide.thresholds  # the toy tasks' experts, clustered
+        state = trainer.guidance.state_dict()
+        assert trainer.guidance.guide.thresholds  # the toy tasks' experts, clustered
     m = history[0]
     for key in ("guidance/mu_global", "guidance/batch_success", "guidance/prefix_steps",
                 "guidance/matched_rate", "guidance/group_1/A", "train/loss"):
@@ -220,7 +223,7 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
     assert state["scoreboard"]["1"]["accuracy_ema"] != 0.5  # the schedule learned something
     with Trainer(config(2), resume=True, progress=False) as trainer:
         assert trainer.iteration == 1
-        assert trainer.guide.state_dict() == state  # the schedule continues where it stopped
+        assert trainer.guidance.state_dict() == state  # the schedule continues where it stopped
         history = trainer.train()
     assert len(history) == 1 and "guidance/mu_global" in history[0]
 
@@ -228,9 +231,9 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
     from hgpo_jax.trainers.evaluator import Evaluator
 
     evaluated = load_config("tiny_cpu_toy", [f"model.path={tmp_path}/run", "env.num_workers=1",
-                                             "guidance.enable=true", "eval.protocol=each-once"])
+                                             "guidance.kind=g2", "eval.protocol=each-once"])
     with Evaluator.load(evaluated, progress=False) as evaluator:
-        assert not hasattr(evaluator, "guide")
+        assert not hasattr(evaluator, "guidance")
         assert evaluator.evaluate("valid_seen", games=2)["eval/valid_seen/episodes"] == 2
 
     # the same run resumed with other clusters: refused before any weights load
@@ -240,7 +243,7 @@ def test_a_guided_run_on_the_toy_env_trains_saves_and_resumes_its_schedule(tmp_p
         raise AssertionError("the weights were loaded")
 
     other = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
-                                         "guidance.enable=true", "train.iterations=3",
+                                         "guidance.kind=g2", "train.iterations=3",
                                          "guidance.num_difficulty_groups=2"])
     original = runs.load_model
     runs.load_model = must_not_load
@@ -257,22 +260,83 @@ def test_expert_tasks_drawn_records_only_the_tasks_the_run_will_draw(tmp_path):
     split | drawn is a config error naming the key."""
     from hgpo_jax.config import load_config
     from hgpo_jax.envs.registry import get_env
-    from hgpo_jax.trainers.rl import guidance_experts
-    from hgpo_jax.trainers.state import TaskSampler
+    from hgpo_jax.rl.guides.g2 import AgentG2
+    from hgpo_jax.trainers.state import TaskSampler, drawn_tasks
+
+    def drawn_tasks_of(cfg):
+        return drawn_tasks(get_env(cfg.env.name).list_tasks(cfg.env, cfg.env.split), cfg)
 
     def config(*extra):
         return load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/run", "env.num_workers=1",
-                                            "guidance.enable=true", "train.iterations=3",
+                                            "guidance.kind=g2", "train.iterations=3",
                                             "train.seed=5", *extra])
 
     cfg = config("guidance.expert_tasks=drawn")
     split = get_env(cfg.env.name).list_tasks(cfg.env, cfg.env.split)
     sampler = TaskSampler(split, cfg.train.seed)  # what the trainer draws, iteration by iteration
     drawn = {t for _ in range(cfg.train.iterations) for t in sampler.next(cfg.rollout.num_groups)}
-    experts = guidance_experts(cfg, resume=False, progress=False)
+    def experts_of(cfg):
+        drawn_tasks = lambda: drawn_tasks_of(cfg)  # noqa: E731
+        return AgentG2.prepare(cfg, drawn_tasks=drawn_tasks, progress=False, saved=None)
+
+    experts = experts_of(cfg)
     assert set(experts) == drawn and 0 < len(drawn) < len(split)
-    everything = guidance_experts(config(), resume=False, progress=False)
+    everything = experts_of(config())
     assert len(everything) == len(split)
     assert experts == {t: everything[t] for t in drawn}
     with pytest.raises(ValueError, match="expert_tasks"):
         config("guidance.expert_tasks=some")
+
+
+# --------------------------------------------------------------------------- the worked example
+def test_the_worked_example_adds_a_guidance_kind_with_its_own_option_and_state(tmp_path):
+    """tests/example_guidance.py (docs/architecture.md, "How to add a guidance"): a kind
+    declared with an option of its own and a state, run end to end by the CLI in a fresh
+    process, touching no file of trainers/, rl/rollout.py or commands/: its option is read and
+    checked, refused for another kind; its prefixes are replayed (the rollouts' episodes are
+    longer than the policy's turns); its state is saved with the checkpoint and restored on
+    resume (the resumed iteration counts on from the saved wins and episodes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hgpo_jax.checkpoint import Checkpointer
+
+    run = tmp_path / "run"
+    base = ["tiny_cpu_toy", f"train.run_dir={run}", "env.num_workers=1", "--no-progress"]
+    commands = [
+        ["train", *base, "guidance.hint_steps=2"],                           # kind none: refused
+        ["train", *base, "guidance.kind=hint", "guidance.hint_steps=-1"],    # its own check
+        ["train", *base, "guidance.kind=hint", "guidance.hint_steps=2", "train.iterations=1",
+         "train.save_every=1"],
+        ["train", str(run), "--resume", "train.iterations=2", "--no-progress"],
+    ]
+    script = os.path.join(os.path.dirname(__file__), "example_guidance.py")
+    done = subprocess.run([sys.executable, script, json.dumps(commands)], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert codes == [2, 2, 0, 0], done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("hgpo-jax train: error:")]
+    assert len(errors) == 2, done.stderr[-3000:]
+    assert ("guidance.hint_steps=2: guidance.kind=none never reads it (an option of "
+            "guidance.kind=hint)") in errors[0]
+    assert "guidance.hint_steps=-1: must be >= 0" in errors[1]
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "hint/steps" in r}
+    assert sorted(steps) == [1, 2]
+    first, second = steps[1], steps[2]
+    assert first["hint/steps"] == 2.0  # no success yet: the hint is replayed
+    # the replayed steps count in the episodes' lengths, not in the policy's rows
+    assert first["rollout/mean_episode_length"] == pytest.approx(
+        2.0 + first["rollout/steps"] / first["rollout/episodes"])
+    ckpt = Checkpointer(run / "checkpoints", read_only=True)
+    try:
+        state = ckpt.latest_meta()["guidance"]
+    finally:
+        ckpt.close()
+    # resumed from the first checkpoint's counts: both iterations' episodes counted
+    assert state["episodes"] == first["rollout/episodes"] + second["rollout/episodes"]
+    assert state["wins"] / state["episodes"] == pytest.approx(second["hint/success_so_far"])

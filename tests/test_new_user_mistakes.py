@@ -31,7 +31,7 @@ def test_a_positive_hiper_penalty_is_refused(tmp_path, capsys, overrides, needle
     assert not run.exists()
 
 
-GUIDED = ["guidance.enable=true", "env.num_workers=1"]
+GUIDED = ["guidance.kind=g2", "env.num_workers=1"]
 
 
 @pytest.mark.parametrize("overrides, needles", [
@@ -40,7 +40,7 @@ GUIDED = ["guidance.enable=true", "env.num_workers=1"]
     (["guidance.fixed_sigma=-0.5"], ["guidance.fixed_sigma=-0.5: must be a finite number >= 0"]),
     (["guidance.mu_global_min=0.6", "guidance.mu_global_max=0.2"],
      ["guidance.mu_global_min=0.6: must be <= guidance.mu_global_max (0.2)"]),
-    (["env.max_steps=1"], ["env.max_steps=1: must be >= 2 with guidance.enable=true"]),
+    (["env.max_steps=1"], ["env.max_steps=1: must be >= 2 with guidance.kind=g2"]),
 ])
 def test_guidance_values_out_of_range_are_refused(tmp_path, capsys, overrides, needles):
     run = tmp_path / "run"
@@ -49,11 +49,19 @@ def test_guidance_values_out_of_range_are_refused(tmp_path, capsys, overrides, n
     assert not run.exists()
 
 
-def test_prefix_sft_without_guidance_is_refused(tmp_path, capsys):
+def test_a_guidance_option_of_another_kind_is_refused(tmp_path, capsys):
+    """Prefix SFT (an option of guidance.kind=g2) without guidance names the kind that reads it;
+    the old key guidance.enable still turns Agent-G²'s guidance on, with a warning."""
     run = tmp_path / "run"
     refused(capsys, ["train", "tiny_cpu_toy", "guidance.sft_coef=0.5", f"train.run_dir={run}"],
-            "guidance.sft_coef=0.5: must be 0 without guidance", "guidance.enable=true")
+            "guidance.sft_coef=0.5: guidance.kind=none never reads it (an option of "
+            "guidance.kind=g2)", "set guidance.kind=g2")
     assert not run.exists()
+    from hgpo_jax.config import load_config
+
+    with pytest.warns(UserWarning, match="guidance.enable is now guidance.kind"):
+        cfg = load_config("tiny_cpu_toy", ["guidance.enable=true", "guidance.gamma=2"])
+    assert cfg.guidance.kind == "g2" and cfg.guidance.sigma_gamma == 2.0
 
 
 def test_the_ragged_decode_off_a_gpu_is_refused_before_the_model_loads(tmp_path, capsys):

@@ -22,6 +22,7 @@ from hgpo_jax.rl.batching import (SftRows, fixed_micro_row_weights, length_ladde
                                   take_micro, token_budget_micro_batches)
 from hgpo_jax.rl.prefix_sft import (PrefixSft, make_sft_budget_step, make_sft_step,
                                     prefix_sft_rows)
+from hgpo_jax.rl.guides.replay import ReplayingPool
 from hgpo_jax.rl.rollout import collect_rollouts
 from hgpo_jax.rl.update import budget_update, init_opt_state
 from toy_policies import ScriptedToyPolicy
@@ -63,14 +64,15 @@ def test_sft_rows_show_the_policys_prompt_and_teach_the_agents_reply(tiny):
         free = collect_rollouts(policy(), pool, [2], group_size=3, max_steps=8)
     with toy_pool(4) as pool:
         guided_policy = policy()
-        guided = collect_rollouts(guided_policy, pool, [2, 2], group_size=2, max_steps=8,
-                                  prefixes=[plan[:2]] * 3 + [plan[:3]], sft_prompts=True)
+        guided = collect_rollouts(guided_policy,
+                                  ReplayingPool(pool, [plan[:2]] * 3 + [plan[:3]], 8), [2, 2],
+                                  group_size=2, max_steps=8)
     assert free.won.all() and [t.split()[0] for t in plan[:3]] == ["press", "go", "go"]
     free_prompts = {int(s): p for s, p, t in zip(free.step_id, free.prompt_ids, free.traj_id)
                     if t == 0}
     assert any(len(free_prompts[s]) == 180 for s in (0, 1, 2))  # a cut prompt is compared too
 
-    sft = prefix_sft_rows(guided, agent, tok, max_response=100)
+    sft = prefix_sft_rows(guided, agent, tok, 180, max_response=100)
     assert len(sft) == 3 * 2 + 3
     np.testing.assert_array_equal(sft.traj, [0, 0, 1, 1, 2, 2, 3, 3, 3])
     np.testing.assert_allclose(sft.weight, [0.5] * 6 + [1 / 3] * 3)
@@ -83,14 +85,10 @@ def test_sft_rows_show_the_policys_prompt_and_teach_the_agents_reply(tiny):
     assert sft.prompt_ids[0:2] == sft.prompt_ids[2:4] == sft.prompt_ids[4:6]  # one copy a rollout
     # the rollout's own prompt counts are the policy's prompts only
     assert guided_policy.prompt_cuts.prompts == sum(guided_policy.batch_sizes)
-    with toy_pool(4) as pool:
-        plain = collect_rollouts(policy(), pool, [2, 2], group_size=2, max_steps=8,
-                                 prefixes=[plan[:2]] * 3 + [plan[:3]])
-    assert plain.episode_prefix_turns is None
-    with pytest.raises(ValueError, match="sft_prompts=True"):
-        prefix_sft_rows(plain, agent, tok)
+    # an unguided batch has none
+    assert len(prefix_sft_rows(free, agent, tok, 180)) == 0
     # a reply longer than rollout.max_new_tokens is cut there, as `hgpo-jax sft` cuts
-    assert prefix_sft_rows(guided, agent, tok, max_response=5).response_ids[0] == \
+    assert prefix_sft_rows(guided, agent, tok, 180, max_response=5).response_ids[0] == \
         sft.response_ids[0][:5]
 
 
@@ -194,18 +192,18 @@ def test_a_guided_toy_iteration_with_prefix_sft_keeps_the_rl_updates(tmp_path, m
     from hgpo_jax.trainers.rl import Trainer
 
     before_sft = []
-    original = Trainer._prefix_sft_update
+    original = Trainer._sft_update
 
     def spy(self, sft, idx):
         if not before_sft:
             before_sft.append(jax.tree.map(np.asarray, self.state.params))
         return original(self, sft, idx)
 
-    monkeypatch.setattr(Trainer, "_prefix_sft_update", spy)
+    monkeypatch.setattr(Trainer, "_sft_update", spy)
     out = []
     for coef in (0.0, 0.5):
         cfg = load_config("tiny_cpu_toy", [f"train.run_dir={tmp_path}/c{coef}", "env.num_workers=1",
-                                           "guidance.enable=true", "train.iterations=1",
+                                           "guidance.kind=g2", "train.iterations=1",
                                            f"guidance.sft_coef={coef}", "train.diagnostics=false",
                                            "guidance.initial_group_accuracy=0.5"])
         with Trainer(cfg, progress=False) as t:

@@ -304,7 +304,7 @@ def test_budget_logprobs_equal_the_padded_pass_with_few_compiled_shapes():
 
 
 # --------------------------------------------------------------------------- the trainer
-GUIDED_SFT = ("guidance.enable=true", "guidance.sft_coef=0.5", "guidance.initial_group_accuracy=0.5")
+GUIDED_SFT = ("guidance.kind=g2", "guidance.sft_coef=0.5", "guidance.initial_group_accuracy=0.5")
 
 
 @pytest.mark.parametrize("config,on,extra", [("tiny_cpu_toy", 1024, ()), ("tiny_cpu_ppo", 1024, ()),

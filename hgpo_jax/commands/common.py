@@ -13,6 +13,7 @@ from hgpo_jax.algo_specs import algorithm_names
 from hgpo_jax.config import (SECTIONS, SECTIONS_OF_ALGORITHMS, Config, is_run_folder, load_config,
                              parse_override)
 from hgpo_jax.config_checks import section_values
+from hgpo_jax.guidance_specs import guidance_spec
 
 
 def show_progress(args) -> bool:
@@ -94,11 +95,13 @@ def format_config(cfg: Config) -> str:
     for section in SECTIONS:
         if section in SECTIONS_OF_ALGORITHMS and section not in algo_sections(cfg):
             continue  # e.g. only a run with a critic shows the critic section
-        if section == "guidance" and not cfg.guidance.enable:
-            continue  # only a guided run shows its schedule's options
+        if section == "guidance" and cfg.guidance.kind == "none":
+            continue  # only a guided run shows its kind's options
         if section == "agent":
             continue  # one key, in the title
         values = section_values(getattr(cfg, section))  # and env.<env.name>'s own options
+        if section == "guidance":
+            values = {k: values[k] for k in ("kind", *guidance_spec(cfg.guidance.kind).reads())}
         groups = {f"{section}.{k}": values.pop(k) for k, v in list(values.items())
                   if isinstance(v, dict)}
         for name, group in {section: values, **groups}.items():

@@ -88,6 +88,9 @@ class EnvReply:
     info: dict
     failed: bool = False
     error: str | None = None
+    # a reset's: the (action, EnvReply) turns a wrapper of the pool played in the env before
+    # handing it over (a guided rollout's replayed expert prefix); () from the pool itself
+    prior: tuple = ()
 
 
 @dataclasses.dataclass

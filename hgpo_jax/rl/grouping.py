@@ -80,7 +80,7 @@ class StepBatch:
       num_tasks: P.
       num_anchors: number of distinct anchors.
       prefix: int64 [T, M] or None. Each trajectory's context before its step 0, the anchor codes
-        of the M steps replayed there last (an expert-guided rollout's prefix, `rl.guide`),
+        of the M steps replayed there last (an expert-guided rollout's prefix, `rl.guides`),
         right-aligned: prefix[tau, M - 1] is the step just before step 0; -1 where a trajectory
         had fewer. None: no trajectory had one.
       anchor_values: [num_anchors] the distinct anchors by code (`prepare_batch(...,

@@ -31,7 +31,8 @@ The behaviour is the authors' code (ZJU-REAL/Agent-G2 at 1df588f, `gmsv/alfworld
 - Controls: a fraction of the training tasks (`train_no_prefix_ratio`), or all of them in the
   frozen no-prefix baseline, play without a prefix and are left out of the schedule's update.
 
-The options (`ScheduleOptions`) keep the authors' key names; their defaults are the authors' yaml
+The options are taken by the authors' key names (`ScheduleOptions` holds them under ours where
+those would collide with `algo.*`: `guidance_specs.AUTHORS_NAMES`); their defaults are the authors' yaml
 (`verl/trainer/config/ppo_trainer.yaml`, block `gmsv:`), not the fallbacks in their code (those
 differ for mu_global_init, mu_global_max, lambda_value and max_length). The ALFWorld and WebShop
 scripts set sigma_mode="dynamic_sigma", batch_acc_low = batch_acc_high = 0.5. `ScheduleOptions`
@@ -63,7 +64,8 @@ from typing import Any
 
 import numpy as np
 
-from hgpo_jax.guidance_specs import GROUP_MODES, SAMPLE_MODES, SIGMA_MODES, ScheduleOptions
+from hgpo_jax.guidance_specs import (AUTHORS_NAMES, GROUP_MODES, SAMPLE_MODES, SIGMA_MODES,
+                                     ScheduleOptions)
 
 DIFFICULTY_MODES = GROUP_MODES
 MIN_SCALE = 1e-8  # the Gaussian's smallest scale (sigma 0 would make NumPy return mu itself)
@@ -105,15 +107,17 @@ def schedule_options(options: Mapping[str, Any]) -> ScheduleOptions:
     if unknown:
         raise TypeError(f"unknown guidance schedule option(s) {unknown}; known: "
                         f"{list(SCHEDULE_OPTION_NAMES)}")
+    ours = {authors: name for name, authors in AUTHORS_NAMES.items()}
     kinds = {f.name: f.type for f in dataclasses.fields(ScheduleOptions)}
-    built = ScheduleOptions(**{name: _convert(name, value, kinds[name])
+    built = ScheduleOptions(**{ours.get(name, name): _convert(name, value,
+                                                              kinds[ours.get(name, name)])
                                for name, value in options.items()})
     built.check()
     return built
 
 
-SCHEDULE_OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ScheduleOptions))
-SCHEDULE_DEFAULTS: dict[str, Any] = dataclasses.asdict(ScheduleOptions())
+SCHEDULE_DEFAULTS: dict[str, Any] = ScheduleOptions().authors_options()  # the authors' names
+SCHEDULE_OPTION_NAMES = tuple(SCHEDULE_DEFAULTS)
 
 
 # ------------------------------------------------------------------------------------ clusters
@@ -334,7 +338,7 @@ class GaussianSchedule:
         variance = self.variance(group)
         if o.sigma_mode == "fixed_sigma":
             return o.fixed_sigma
-        return float(max(o.sigma_min, o.gamma * variance))
+        return float(max(o.sigma_min, o.sigma_gamma * variance))
 
     # --------------------------------------------------------------------------------- draws
     def sample(self, group: int, *, is_train: bool = True,
@@ -428,8 +432,8 @@ class GaussianSchedule:
                 arr = np.asarray(vals, dtype=np.float32)
                 mean, var = float(arr.mean()), float(arr.var())
                 entry = self._stats[group]
-                entry[0] = (1.0 - o.alpha) * entry[0] + o.alpha * mean
-                entry[1] = (1.0 - o.alpha) * entry[1] + o.alpha * var
+                entry[0] = (1.0 - o.ema_alpha) * entry[0] + o.ema_alpha * mean
+                entry[1] = (1.0 - o.ema_alpha) * entry[1] + o.ema_alpha * var
                 metrics[f"guidance/group_{group}/batch_mean"] = mean
                 metrics[f"guidance/group_{group}/batch_var"] = var
             b = metrics["guidance/batch_success"]

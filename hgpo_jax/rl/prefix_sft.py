@@ -1,7 +1,7 @@
 """Prefix SFT (Agent-G²'s final scripts, `guidance.sft_coef`): the replayed expert steps of a
 guided rollout as supervised rows, and their term of the actor's loss.
 
-    sft = prefix_sft_rows(batch, agent, tokenizer, max_response)   # PrefixSft (host lists)
+    sft = prefix_sft_rows(batch, agent, tokenizer, max_prompt, max_response)  # PrefixSft (host)
     rows = sft.pack(pad_id, row_multiple, length_multiple, shape)  # rl.batching.SftRows
     step = make_sft_step(graphdef, tx, coef, num_micro, ...)       # one optimizer update
     params, opt_state, metrics = step(params, opt_state, minibatch)
@@ -33,6 +33,7 @@ from jax.sharding import Mesh
 from hgpo_jax.agents import Agent
 from hgpo_jax.rl.batching import SftRows, pack_rows
 from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.policy import encode_prompt
 from hgpo_jax.rl.update import (BudgetStep, batch_shards, budget_window_chunk, make_budget_update,
                                 make_update_step, token_logprobs)
 
@@ -73,23 +74,24 @@ def reply_ids(agent: Agent, tokenizer, action: str, max_response: int | None = N
     return ids if max_response is None else ids[:max_response]
 
 
-def prefix_sft_rows(batch, agent: Agent, tokenizer, max_response: int | None = None) -> PrefixSft:
-    """The prefix SFT rows of a guided rollout batch (`RolloutBatch`, collected with
-    `sft_prompts=True`): one per replayed step of each kept episode, in episode order, weight
-    1 / the episode's prefix length; its response: `reply_ids`. A batch without replayed-step
-    prompts (`episode_prefix_turns` None) is an error that says how to collect them."""
-    turns = batch.episode_prefix_turns
-    if turns is None:
-        raise ValueError("prefix SFT needs the replayed steps' prompts: collect the rollouts with "
-                         "collect_rollouts(..., sft_prompts=True)")
+def prefix_sft_rows(batch, agent: Agent, tokenizer, max_prompt_tokens: int,
+                    max_response: int | None = None) -> PrefixSft:
+    """The prefix SFT rows of a guided rollout batch (`RolloutBatch`): one per replayed step of
+    each kept episode (`episode_prefix_turns`), in episode order, weight 1 / the episode's
+    prefix length; its prompt: the prompt text the policy would have seen there, encoded as the
+    policy encodes its own (`rl.policy.encode_prompt`: the chat template, cut to
+    `max_prompt_tokens`); its response: `reply_ids`."""
     prompts, responses, weight, traj = [], [], [], []
-    cache: dict[str, list[int]] = {}
-    for t, steps in zip(batch.episode_traj, turns):
+    replies: dict[str, list[int]] = {}
+    encoded: dict[str, list[int]] = {}  # the rollouts of a task that share its prefix: one text
+    for t, steps in zip(batch.episode_traj, batch.episode_prefix_turns or ()):
         for step in steps:
-            if step.action not in cache:
-                cache[step.action] = reply_ids(agent, tokenizer, step.action, max_response)
-            prompts.append(list(step.prompt_ids))
-            responses.append(list(cache[step.action]))
+            if step.action not in replies:
+                replies[step.action] = reply_ids(agent, tokenizer, step.action, max_response)
+            if step.prompt not in encoded:
+                encoded[step.prompt] = encode_prompt(tokenizer, step.prompt, max_prompt_tokens)
+            prompts.append(list(encoded[step.prompt]))
+            responses.append(list(replies[step.action]))
             weight.append(1.0 / len(steps))
             traj.append(int(t))
     return PrefixSft(prompts, responses, np.asarray(weight, np.float32),

@@ -16,7 +16,10 @@ the policy's `max_prompt_tokens` loses its start (left truncation): `rollout/tru
 counts such prompts, and the first one in a process warns (`PromptCuts`).
 
 One loop plays (`play_lockstep`): it builds the prompts, samples, parses and steps the envs and
-keeps the memory, and hands each env turn (`PlayedTurn`) to a per-turn callback.
+keeps the memory, and hands each env turn (`PlayedTurn`) to a per-turn callback. An env pool may
+hand an env over with turns already played (`EnvReply.prior` of its reset: a guided rollout's
+expert prefix, replayed by a wrapper of the pool, `hgpo_jax.rl.guides`): the loop keeps them in
+the memory as turns of the agent's own and the policy plays the steps that are left.
 `collect_rollouts` keeps the turns as the batch's rows; `hgpo_jax.rl.episodes` plays through the
 same loop to evaluate (each task once) and to watch one env turn by turn (`hgpo-jax demo
 --episode`). The policy and its prompt encoding are `hgpo_jax.rl.policy`'s.
@@ -38,7 +41,7 @@ from hgpo_jax.distributed import any_process
 from hgpo_jax.envs.pool import EnvReply
 from hgpo_jax.envs.prompts import success_rates
 from hgpo_jax.envs.registry import EnvSpec
-from hgpo_jax.rl.policy import Policy, encode_prompt
+from hgpo_jax.rl.policy import Policy
 
 
 @dataclasses.dataclass
@@ -54,14 +57,13 @@ class RolloutBatch:
     each [E], for the E trajectories kept; episode_score [E] (the env's score of the episode,
     e.g. WebShop's task score; None for envs without one); num_failed episodes dropped; timing
     in seconds; prompts: the prompts encoded, prompts_cut: those cut to the policy's
-    max_prompt_tokens (0 for a policy that does not count them). A guided rollout
-    (`collect_rollouts(prefixes=...)`): the rows are the policy's turns only (their step ids
-    count the policy's turns, 0..n-1); episode_length counts the replayed steps too, and
-    episode_prefix [E] holds them (zeros without guidance), episode_prefix_anchors [E] their
-    anchors (the history of hgpo's first policy turns); an episode the prefix ended, with no
-    policy turn, is not kept. episode_prefix_turns [E]: each kept episode's replayed steps as
-    `ReplayedTurn`s (the prompt the policy would have seen, the expert action), for prefix SFT;
-    None unless asked for (`collect_rollouts(sft_prompts=True)`).
+    max_prompt_tokens (0 for a policy that does not count them). An episode handed over with
+    replayed turns (`EnvReply.prior`, a guided rollout): the rows are the policy's turns only
+    (their step ids count the policy's turns, 0..n-1); episode_length counts the replayed steps
+    too, and episode_prefix [E] holds them (zeros without guidance), episode_prefix_anchors [E]
+    their anchors (the history of hgpo's first policy turns), episode_prefix_turns [E] the
+    turns themselves (`ReplayedTurn`: the prompt the policy would have seen, the action; prefix
+    SFT's rows); an episode the prefix ended, with no policy turn, is not kept.
     """
 
     task_id: np.ndarray
@@ -187,14 +189,14 @@ class PlayedTurn:
 
 @dataclasses.dataclass(frozen=True)
 class ReplayedTurn:
-    """One replayed expert step of a guided rollout, as prefix SFT needs it: `prompt_ids`, the
-    token ids of the prompt the policy would have seen at that step (`step_prompt` over the
-    memory of the steps replayed before it, `encode_prompt`: the chat template, cut to the
-    policy's max_prompt_tokens) and `action`, the expert action sent."""
+    """A turn the env was handed over with (`EnvReply.prior`: a guided rollout's replayed
+    expert step): `prompt`, the text of the prompt the policy would have seen there
+    (`step_prompt` over the memory of the turns before it; prefix SFT encodes it), `action`, the
+    action sent, `anchor`, the anchor of the observation it was played from."""
 
-    prompt_ids: list[int]
+    prompt: str
     action: str
-    anchor: Any = None  # the anchor of the observation it was played from
+    anchor: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,32 +204,27 @@ class Played:
     """What `play_lockstep` leaves of its M envs' episodes, each [M]: the task text (its reset's;
     "" for an env that failed there), whether it was won, whether the pool failed it, and its
     score after its last turn (`score` None for an env without one, `EnvSpec.score_key`; an
-    entry None for an env that played no turn); timing: the loop's seconds per phase.
-    prefix_anchors: the anchors of the observations the expert steps replayed before the policy
-    played (`prefixes`) were played from, in order (empty lists without a prefix; their number is
-    `prefix_steps`); prefix_turns:
-    each env's replayed steps as `ReplayedTurn`s (`play_lockstep(sft_prompts=True)`; else empty
-    lists)."""
+    entry None for an env that played no turn); timing: the loop's seconds per phase;
+    replayed: each env's turns it was handed over with, as `ReplayedTurn`s (`EnvReply.prior`;
+    empty lists without)."""
 
     task: list[str]
     won: list[bool]
     failed: list[bool]
     score: list | None
     timing: dict
-    prefix_anchors: list[list] = dataclasses.field(default_factory=list)
-    prefix_turns: list[list] = dataclasses.field(default_factory=list)
+    replayed: list[list] = dataclasses.field(default_factory=list)
 
     @property
     def prefix_steps(self) -> list[int]:
-        """[M] the expert steps each env replayed (0 without a prefix; [] when none was given)."""
-        return [len(a) for a in self.prefix_anchors]
+        """[M] the turns each env was handed over with (0 without a prefix)."""
+        return [len(r) for r in self.replayed]
 
 
 def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int, memory_len: int,
                   on_turn: Callable[[PlayedTurn], None], *, rng=0, spec: EnvSpec | None = None,
                   agent: Agent | None = None, together: bool = True,
-                  progress: bool = False, prefixes: Sequence[Sequence[str]] | None = None,
-                  sft_prompts: bool = False) -> Played:
+                  progress: bool = False) -> Played:
     """The rollout's loop, the one place that plays: env i of `env_pool` runs `env_tasks[i]` for
     at most `max_steps` steps, all envs in lockstep (see the module docstring); `on_turn(turn)`
     sees each env turn the pool did not fail (`PlayedTurn`), in env order within a step, before
@@ -238,15 +235,12 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     the loop ends when no env is left on any process); else alone (row ids: the pool's indices).
     spec, agent: as `collect_rollouts`'.
 
-    prefixes: env i's expert actions to replay first (expert-guided rollouts, `rl.guide`; None
-    or [] for none): after the reset they are sent to the env as they are, step j of every env
-    that has one together, each kept in the memory as a turn of the agent's own (`replayed_reply`);
-    they earn the episode its rewards and may win or end it, but `on_turn` never sees them (they
-    are no rows). The policy then plays the env's remaining `max_steps - len(prefix)` steps, its
-    turns numbered from 0 (`PlayedTurn.step`: the rows' step ids; the replayed steps are their
-    history, `Played.prefix_anchors`). sft_prompts: also keep, for each replayed step, the
-    prompt the policy would have seen there and the action (`Played.prefix_turns`, prefix SFT);
-    these prompts are not counted in the policy's `prompt_cuts`."""
+    An env the pool hands over with turns already played (its reset's `EnvReply.prior`: a guided
+    rollout's expert prefix, `hgpo_jax.rl.guides`) keeps them in the memory as turns of the
+    agent's own (`replayed_reply`); they earned the episode its rewards and may have won or ended
+    it, but `on_turn` never sees them (they are no rows). The policy then plays the env's
+    remaining `max_steps - len(prior)` steps, its turns numbered from 0 (`PlayedTurn.step`: the
+    rows' step ids; the replayed turns are their history, `Played.replayed`)."""
     import jax
 
     num_envs = len(env_tasks)
@@ -258,15 +252,9 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
     # env steps
     timing = {"env_reset": 0.0, "prompts": 0.0, "generate": 0.0, "replies": 0.0, "env_step": 0.0}
     t0 = time.perf_counter()
-    envs = Lockstep.reset(env_pool, env_tasks, spec.score_key)
+    envs = Lockstep.reset(env_pool, env_tasks, agent, memory_len, spec.score_key)
     timing["env_reset"] = time.perf_counter() - t0
-    replayed: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
-    if prefixes is not None:
-        t0 = time.perf_counter()
-        replayed = replay_prefixes(envs, env_pool, prefixes, agent, memory_len, max_steps,
-                                   policy if sft_prompts else None)
-        timing["prefix"] = time.perf_counter() - t0
-    prefix_steps = [len(r) for r in replayed]
+    prefix_steps = [len(r) for r in envs.replayed]
     bar = tqdm(total=max_steps, desc="rollout", unit="step", disable=not progress, leave=False)
     for t in range(max_steps):
         active = [i for i in range(num_envs) if envs.running[i] and prefix_steps[i] + t < max_steps]
@@ -279,8 +267,7 @@ def play_lockstep(policy: Policy, env_pool, env_tasks: Sequence, max_steps: int,
         bar.update(1)
     bar.close()
     return Played(envs.task, envs.won, envs.failed, envs.score if spec.score_key is not None
-                  else None, timing, prefix_anchors=[[r.anchor for r in rs] for rs in replayed],
-                  prefix_turns=replayed if sft_prompts else [])
+                  else None, timing, replayed=envs.replayed)
 
 
 @dataclasses.dataclass
@@ -288,7 +275,8 @@ class Lockstep:
     """The envs of one `play_lockstep` between turns, each list [M]: the current observation and
     info, whether the pool failed the env, whether it still runs, its task text (its reset's;
     "" for an env that failed there), its memory (every turn as the agent keeps it), whether it
-    was won and its score (None until a turn; None throughout for an env without one)."""
+    was won and its score (None until a turn; None throughout for an env without one), the turns
+    it was handed over with (`ReplayedTurn`s)."""
 
     obs: list
     infos: list
@@ -298,17 +286,25 @@ class Lockstep:
     history: list
     won: list
     score: list
+    replayed: list
     score_key: str | None = None
 
     @classmethod
-    def reset(cls, env_pool, env_tasks: Sequence, score_key: str | None = None) -> "Lockstep":
+    def reset(cls, env_pool, env_tasks: Sequence, agent: Agent, memory_len: int,
+              score_key: str | None = None) -> "Lockstep":
+        """Reset the pool's envs to `env_tasks`; the turns an env is handed over with
+        (`EnvReply.prior`) are kept as the agent's own (`replay`)."""
         replies = env_pool.reset(list(env_tasks))
         n = len(replies)
-        return cls(obs=[r.obs for r in replies], infos=[r.info for r in replies],
+        envs = cls(obs=[r.obs for r in replies], infos=[r.info for r in replies],
                    failed=[r.failed for r in replies], running=[not r.failed for r in replies],
                    task=[task_of(r.info) if not r.failed else "" for r in replies],
                    history=[[] for _ in range(n)], won=[False] * n, score=[None] * n,
-                   score_key=score_key)
+                   replayed=[[] for _ in range(n)], score_key=score_key)
+        for i, r in enumerate(replies):
+            for action, answer in r.prior:
+                envs.replay(i, action, answer, agent, memory_len)
+        return envs
 
     def prompt(self, i: int, agent: Agent, memory_len: int) -> str:
         """Env i's prompt text now (`step_prompt`)."""
@@ -330,30 +326,14 @@ class Lockstep:
             self.running[i] = False
 
 
-def replay_prefixes(envs: Lockstep, env_pool, prefixes: Sequence[Sequence[str]], agent: Agent,
-                    memory_len: int, max_steps: int, policy: Policy | None = None) -> list[list]:
-    """Send each env its expert actions first (`prefixes[i]`; step j of every env that has one
-    together, at most `max_steps`), each kept in the memory as a turn of the agent's own
-    (`replayed_reply`); returns [M] lists of `ReplayedTurn`s (the anchor each was played from,
-    and with `policy` the prompt the policy would have seen there, for prefix SFT; these prompts
-    are not counted in its `prompt_cuts`)."""
-    num_envs = len(envs.obs)
-    if len(prefixes) != num_envs:
-        raise ValueError(f"prefixes: one list of actions per env, {num_envs}, not {len(prefixes)}")
-    replayed: list[list[ReplayedTurn]] = [[] for _ in range(num_envs)]
-    for j in range(min(max(map(len, prefixes), default=0), max_steps)):
-        actions = {i: prefixes[i][j] for i in range(num_envs)
-                   if envs.running[i] and j < len(prefixes[i])}
-        if not actions:
-            break
-        shown = {i: encode_prompt(policy.tokenizer, envs.prompt(i, agent, memory_len),
-                                  policy.max_prompt_tokens) for i in actions} if policy else {}
-        for i, r in env_pool.step(actions).items():
-            turn = ReplayedTurn(shown.get(i, []), actions[i], envs.infos[i]["anchor"])
-            envs.record(i, r, agent.remember(envs.obs[i], replayed_reply(actions[i])))
-            if not r.failed:
-                replayed[i].append(turn)
-    return replayed
+    def replay(self, i: int, action: str, answer: EnvReply, agent: Agent, memory_len: int) -> None:
+        """Env i's turn `action`, answered `answer`, played before the policy's (a replayed
+        expert step): kept in the memory as the agent's own (`replayed_reply`) and, unless the
+        pool failed it, in `replayed[i]` with the prompt the policy would have seen there."""
+        turn = ReplayedTurn(self.prompt(i, agent, memory_len), action, self.infos[i]["anchor"])
+        self.record(i, answer, agent.remember(self.obs[i], replayed_reply(action)))
+        if not answer.failed:
+            self.replayed[i].append(turn)
 
 
 def play_policy_step(envs: Lockstep, env_pool, policy: Policy, agent: Agent, active: list[int],
@@ -394,13 +374,10 @@ def replayed_reply(action: str) -> Reply:
 
 def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int, max_steps: int,
                      memory_len: int = 2, *, rng=0, spec: EnvSpec | None = None,
-                     agent: Agent | None = None, progress: bool = False,
-                     prefixes: Sequence[Sequence[str]] | None = None,
-                     sft_prompts: bool = False) -> RolloutBatch:
+                     agent: Agent | None = None, progress: bool = False) -> RolloutBatch:
     """Run len(tasks) * group_size episodes in lockstep for at most `max_steps` steps each
-    (`play_lockstep`, one row per env turn of the policy's). prefixes: expert actions to replay
-    before the policy plays, one list per env (`play_lockstep`; None: none); sft_prompts: keep
-    the replayed steps' prompts and actions (`RolloutBatch.episode_prefix_turns`, prefix SFT).
+    (`play_lockstep`, one row per env turn of the policy's; a guided rollout's pool hands its
+    envs over with their prefixes replayed, `EnvReply.prior`).
 
     env_pool must hold at least len(tasks) * group_size envs; the first that many play (the
     others stay idle: `EnvPool.reset`). rng: int seed or PRNG key for
@@ -424,7 +401,7 @@ def collect_rollouts(policy: Policy, env_pool, tasks: Sequence, group_size: int,
     turns: list[PlayedTurn] = []
     played = play_lockstep(policy, env_pool, [tasks[i // group_size] for i in range(num_envs)],
                            max_steps, memory_len, turns.append, rng=rng, spec=spec, agent=agent,
-                           progress=progress, prefixes=prefixes, sft_prompts=sft_prompts)
+                           progress=progress)
     batch = _to_batch(turns, played, group_size)
     if cuts is not None:
         batch.prompts, batch.prompts_cut = cuts.prompts - cuts_before[0], cuts.cut - cuts_before[1]
@@ -456,7 +433,7 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
     turns = [t for t in turns if not played.failed[t.env]]
     traj = [t.env for t in turns]
     kept = sorted(set(traj))
-    prefix = played.prefix_steps or [0] * len(played.won)
+    prefix = played.prefix_steps
     length = {i: prefix[i] for i in kept}
     ttype = {}
     for t in turns:
@@ -481,7 +458,5 @@ def _to_batch(turns: list[PlayedTurn], played: Played, group_size: int) -> Rollo
         num_failed=int(sum(played.failed)), timing=played.timing,
         episode_score=None if score is None else np.asarray([score[i] for i in kept], np.float64),
         episode_prefix=np.asarray([prefix[i] for i in kept], np.int64),
-        episode_prefix_anchors=[list(played.prefix_anchors[i]) if played.prefix_anchors else []
-                                for i in kept],
-        episode_prefix_turns=[list(played.prefix_turns[i]) for i in kept]
-        if played.prefix_turns else None)
+        episode_prefix_anchors=[[r.anchor for r in played.replayed[i]] for i in kept],
+        episode_prefix_turns=[list(played.replayed[i]) for i in kept])

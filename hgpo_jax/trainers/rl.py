@@ -36,10 +36,9 @@ from hgpo_jax.rl.algorithms import (Advantages, LinkedTurns, StepRows, build_alg
                                     scoring_temperature)
 from hgpo_jax.rl.batching import (PolicyRows, SftRows, TokenRows, budget_ladder, gather_rows,
                                    minibatch_indices, pack_rows, packed_shape)
-from hgpo_jax.rl.guide import Guide, Plan, clusters_of
+from hgpo_jax.rl.guides import guidance_unit
 from hgpo_jax.rl.policy import Policy
 from hgpo_jax.rl.ppo import LossConfig
-from hgpo_jax.rl.prefix_sft import prefix_sft_rows
 from hgpo_jax.rl.rollout import RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.rl.sampling import Sampler
 from hgpo_jax.rl.update import budget_update, make_logprob_fn, on_mesh
@@ -48,7 +47,7 @@ from hgpo_jax.trainers.budget import budget_minibatch, budget_rows_pass, budget_
 from hgpo_jax.trainers.evaluator import Evaluator, env_and_agent, make_env_pool
 from hgpo_jax.trainers.iteration_metrics import (mean_metrics, merge_row_statistics,
                                                  prefix_sft_metrics, progress_line)
-from hgpo_jax.trainers.state import LoopState, TaskSampler, TrainState
+from hgpo_jax.trainers.state import LoopState, TaskSampler, TrainState, drawn_tasks
 
 
 # --------------------------------------------------------------------------- set-up helpers
@@ -58,43 +57,27 @@ def build_loss_config(cfg) -> LossConfig:
 
 
 # --------------------------------------------------------------------------- guidance
-def drawn_tasks(tasks: list, cfg) -> list:
-    """The distinct tasks a run's `TaskSampler` (seeded by train.seed) draws over its
-    train.iterations x rollout.num_groups, in first-drawn order."""
-    sampler = TaskSampler(tasks, cfg.train.seed)
-    return list(dict.fromkeys(sampler.next(cfg.train.iterations * cfg.rollout.num_groups)))
-
-
-def guidance_experts(cfg, resume: bool, progress: bool) -> dict:
-    """The experts (`EnvSpec.expert_trajectories`: played through the env once, then read from
-    the cache) of the training split's tasks, or with guidance.expert_tasks=drawn of those the
-    run will draw (`drawn_tasks`), for a guided run; resuming, the newest checkpoint's schedule
-    must have been made over the same difficulty clusters (`rl.guide.clusters_of`), or a
-    ValueError says what differs, before any weights load."""
+def prepare_guidance(cfg, resume: bool, progress: bool):
+    """(the unit type of `guidance.kind`, what it prepared before the weights load:
+    `Guidance.prepare` with the tasks the run draws, on demand, and, resuming, the newest
+    checkpoint's guidance state)."""
     import os
 
     from hgpo_jax.checkpoint import Checkpointer
 
-    spec = get_env(cfg.env.name)
-    tasks = (drawn_tasks(spec.list_tasks(cfg.env, cfg.env.split), cfg)
-             if cfg.guidance.expert_tasks == "drawn" else None)
-    experts = spec.expert_trajectories(cfg.env, cfg.env.split, progress=progress, tasks=tasks)
-    folder = os.path.join(cfg.run_path(), CHECKPOINTS)
-    if not resume or not os.path.isdir(folder):
-        return experts
-    ckpt = Checkpointer(folder, read_only=True)
-    try:
-        meta = ckpt.latest_meta() or {}
-    finally:
-        ckpt.close()
-    saved = (meta.get("guidance") or {}).get("thresholds")
-    mine = clusters_of(experts, cfg.guidance)
-    if saved is not None and list(saved) != mine:
-        raise ValueError(f"--resume: the checkpoint's guidance schedule has the difficulty "
-                         f"clusters {list(saved)} (expert lengths up to each), the run's experts "
-                         f"make {mine}; resume with its guidance.num_difficulty_groups, "
-                         "guidance.difficulty_group_mode and env data")
-    return experts
+    unit = guidance_unit(cfg.guidance.kind)
+    saved, folder = None, os.path.join(cfg.run_path(), CHECKPOINTS)
+    if resume and os.path.isdir(folder):
+        ckpt = Checkpointer(folder, read_only=True)
+        try:
+            saved = (ckpt.latest_meta() or {}).get("guidance")
+        finally:
+            ckpt.close()
+
+    def drawn() -> list:
+        return drawn_tasks(get_env(cfg.env.name).list_tasks(cfg.env, cfg.env.split), cfg)
+
+    return unit, unit.prepare(cfg, drawn_tasks=drawn, progress=progress, saved=saved)
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -114,9 +97,10 @@ class Trainer(Run):
         t, r = cfg.train, cfg.rollout
         est_updates = t.iterations * t.ppo_epochs * max(1, math.ceil(
             r.num_groups * r.group_size * cfg.env.max_steps / t.mini_batch_size))
-        # the experts are recorded (once, then cached) and a resumed schedule checked before the
-        # weights load (evaluation plays without them: `trainers.evaluator`)
-        experts = guidance_experts(cfg, resume, progress) if cfg.guidance.enable else None
+        # what the guidance needs (e.g. the experts, recorded once, then cached) and a resumed
+        # guidance state are made and checked before the weights load (evaluation plays
+        # without guidance: `trainers.evaluator`)
+        guidance_type, prepared = prepare_guidance(cfg, resume, progress)
         super().__init__(cfg, resume=resume, progress=progress, total_updates=est_updates,
                          record=record, allow_change=allow_change)
         self._pool = None
@@ -147,25 +131,25 @@ class Trainer(Run):
                                        sampler=self.sampler, progress=self.progress)
             self.loop = LoopState(0, TaskSampler(self.env_spec.list_tasks(cfg.env, cfg.env.split), t.seed),
                                   np.random.default_rng(t.seed + 1))
-            self.guide = None if experts is None else Guide(
-                experts, self.tokenizer.encode, cfg.guidance, cfg.env.max_steps)
-            self.sft_step, self.sft_budget_step = self._prefix_sft_steps()
+            self.guidance = guidance_type(cfg, prepared, tokenizer=self.tokenizer, agent=self.agent)
+            self.sft_step, self.sft_budget_step = self._sft_steps()
             if resume:
                 self.restore()
         except BaseException:
             self.close()
             raise
 
-    def _prefix_sft_steps(self) -> tuple:
-        """(fixed step, token-budget step) of prefix SFT (the budget one None without
-        `train.max_tokens_per_micro_batch`); (None, None) without it: no guide (guidance off)
-        or guidance.sft_coef 0."""
-        if self.guide is None or not self.cfg.guidance.sft_coef > 0:
+    def _sft_steps(self) -> tuple:
+        """(fixed step, token-budget step) of the guidance's supervised rows (the budget one
+        None without `train.max_tokens_per_micro_batch`); (None, None) when it adds none
+        (`Guidance.sft_coef` 0)."""
+        coef = self.guidance.sft_coef
+        if not coef > 0:
             return None, None
-        step = self.algorithm.prefix_sft_step(self.graphdef, self.tx, self.mesh, self.shardings,
-                                              self.opt_shardings)
-        budget = self.algorithm.prefix_sft_budget_step(
-            self.graphdef, self.tx, self.budget, self.mesh, self.shardings,
+        step = self.algorithm.sft_step(self.graphdef, self.tx, coef, self.mesh, self.shardings,
+                                       self.opt_shardings)
+        budget = self.algorithm.sft_budget_step(
+            self.graphdef, self.tx, coef, self.budget, self.mesh, self.shardings,
             self.opt_shardings) if self.budget else None
         return step, budget
 
@@ -189,7 +173,8 @@ class Trainer(Run):
         item = self.algorithm.state_item
         if item is not None:
             arrays[item] = self.algorithm.state_arrays(self.state.algo_state)
-        guide = {"guidance": self.guide.state_dict()} if self.guide is not None else {}
+        state = self.guidance.state_dict()
+        guide = {} if state is None else {"guidance": state}
         return arrays, {**meta, **self.loop.to_meta(), **guide,
                         "key": np.asarray(self.state.key).tolist()}
 
@@ -200,8 +185,8 @@ class Trainer(Run):
         self.state = self.state.replace(algo_state=algo_state,
                                         key=jnp.asarray(meta["key"], jnp.uint32))
         self.loop.load_meta(meta)
-        if self.guide is not None and "guidance" in meta:
-            self.guide.load_state_dict(meta["guidance"])
+        if "guidance" in meta:
+            self.guidance.load_state_dict(meta["guidance"])
 
     def policy(self, temperature: float) -> Policy:
         """The current policy at `temperature`, generating with the run's sampler (the same
@@ -214,21 +199,20 @@ class Trainer(Run):
         (`self.groups`) and returns the same, global metrics."""
         t0 = time.perf_counter()
         batch, plans = self.collect()
-        retries = self.cfg.guidance.empty_policy_rollout_retry_limit if self.guide else 0
+        retries = self.guidance.retries
         metrics = self._rollout_metrics(batch)
-        while metrics["rollout/steps"] == 0 and retries > 0:  # every prefix ended its episode
+        while metrics["rollout/steps"] == 0 and retries > 0:  # e.g. every prefix ended its episode
             retries -= 1
             batch, plans = self.collect(same_tasks=True)
             metrics = self._rollout_metrics(batch)
-        if self.guide is not None:  # the schedule learns from the rollouts, before the advantages
-            metrics.update(self.guide.update(plans, *self._kept_episodes(batch)))
+        # the guidance learns from the rollouts, before the advantages
+        metrics.update(self.guidance.update(plans, *self._kept_episodes(batch)))
         t_rollout = time.perf_counter()
         if metrics["rollout/steps"] == 0:
             metrics["train/skipped_empty_batch"] = 1.0
             return metrics
         rows = self.step_rows(batch)
-        sft = (self.prefix_sft_rows(batch, rows.tokens.shape[1]) if self.sft_step is not None
-               else None)
+        sft = self.sft_rows(batch, rows.tokens.shape[1]) if self.sft_step is not None else None
         t_logp = time.perf_counter()
         adv = self.algorithm.advantages(rows, self.state.algo_state, functools.partial(
             self._per_micro_batch, arrays=rows.token_rows()))
@@ -247,25 +231,24 @@ class Trainer(Run):
                         / max(t_rollout - t0, 1e-9)})
         return metrics
 
-    def collect(self, same_tasks: bool = False) -> tuple[RolloutBatch, list[Plan] | None]:
+    def collect(self, same_tasks: bool = False) -> tuple[RolloutBatch, list | None]:
         """Stage 1: this process's groups of rollouts (the next tasks, the next rollout key),
-        and with guidance every rollout's plan (`rl.guide.Guide.plan`: drawn for the
-        iteration's tasks of every process alike; this process replays its own). same_tasks:
-        the last call's tasks again (a guided batch redrawn)."""
+        and the guidance's plan of every rollout (`Guidance.plan`: drawn for the iteration's
+        tasks of every process alike; this process's rollouts play in the guidance's pool of
+        its own plans). same_tasks: the last call's tasks again (a guided batch redrawn)."""
         cfg, r = self.cfg, self.cfg.rollout
         key, rollout_key = jax.random.split(self.state.key)
         self.state = self.state.replace(key=key)
         lo, hi = self.groups
         if not same_tasks:
             self._tasks = self.loop.tasks.next(r.num_groups)
-        plans = None if self.guide is None else self.guide.plan(self._tasks, r.group_size)
-        prefixes = None if plans is None else Guide.prefixes(plans[lo * r.group_size:
-                                                                   hi * r.group_size])
-        batch = collect_rollouts(self.policy(r.temperature), self.pool, self._tasks[lo:hi],
+        plans = self.guidance.plan(self._tasks, r.group_size)
+        pool = self.guidance.pool(self.pool, None if plans is None else
+                                  plans[lo * r.group_size:hi * r.group_size], cfg.env.max_steps)
+        batch = collect_rollouts(self.policy(r.temperature), pool, self._tasks[lo:hi],
                                  r.group_size, cfg.env.max_steps, cfg.env.memory_len,
                                  rng=rollout_key, spec=self.env_spec, agent=self.agent,
-                                 progress=self.progress, prefixes=prefixes,
-                                 sft_prompts=self.sft_step is not None)
+                                 progress=self.progress)
         return batch, plans
 
     def _rollout_metrics(self, batch: RolloutBatch) -> dict[str, float]:
@@ -275,7 +258,7 @@ class Trainer(Run):
 
     def _kept_episodes(self, batch: RolloutBatch) -> tuple[list[int], list[bool]]:
         """(rollout index in the iteration, won) of every kept episode of every process, in
-        batch order (process by process): what the guidance schedule updates from."""
+        batch order (process by process): what the guidance updates from."""
         first = self.groups[0] * self.cfg.rollout.group_size
         mine = ([first + int(i) for i in batch.episode_traj], batch.episode_won.tolist())
         if self.procs == 1:
@@ -326,7 +309,7 @@ class Trainer(Run):
         if self.algorithm.updates_policy(self.iteration):
             for batches, sft_batches in zip(epochs, sft_epochs):
                 records += [self._policy_update(policy_rows, idx) for idx in batches]
-                sft_records += [self._prefix_sft_update(sft, idx) for idx in sft_batches]
+                sft_records += [self._sft_update(sft, idx) for idx in sft_batches]
         metrics.update(mean_metrics(records))
         metrics["train/updates"] = float(len(records) + len(sft_records))
         if sft is not None:
@@ -353,8 +336,8 @@ class Trainer(Run):
         self.state = self.state.replace(params=params, opt_state=opt_state)
         return jax.device_get(m)
 
-    def _prefix_sft_update(self, sft: SftRows, idx: np.ndarray) -> dict:
-        """One policy update on prefix SFT rows `idx` (-1 inert) alone, fixed or token-budget
+    def _sft_update(self, sft: SftRows, idx: np.ndarray) -> dict:
+        """One policy update on the guidance's supervised rows `idx` (-1 inert) alone, fixed or token-budget
         micro-batches (`budget_sft_minibatch`); the state is updated -> its metrics (host)."""
         t = self.cfg.train
         local = gather_rows(sft, idx)
@@ -370,13 +353,13 @@ class Trainer(Run):
         self.state = self.state.replace(params=params, opt_state=opt_state)
         return jax.device_get(m)
 
-    def prefix_sft_rows(self, batch: RolloutBatch, packed_length: int) -> SftRows:
-        """Prefix SFT's rows of this process's kept episodes (`rl.prefix_sft.prefix_sft_rows`),
-        packed as the step rows are: every process to the same [S, L], S a multiple of
-        micro_batch_size / P, L at least the step rows' `packed_length` (the fixed steps then
-        compile for one length when the SFT rows are no longer)."""
+    def sft_rows(self, batch: RolloutBatch, packed_length: int) -> SftRows:
+        """The guidance's supervised rows of this process's kept episodes (`Guidance.sft_rows`,
+        e.g. prefix SFT's), packed as the step rows are: every process to the same [S, L], S a
+        multiple of micro_batch_size / P, L at least the step rows' `packed_length` (the fixed
+        steps then compile for one length when the SFT rows are no longer)."""
         t, r = self.cfg.train, self.cfg.rollout
-        sft = prefix_sft_rows(batch, self.agent, self.tokenizer, r.max_new_tokens)
+        sft = self.guidance.sft_rows(batch)
         row_multiple = t.micro_batch_size // self.procs
         S, L = dist.max_over_processes(*packed_shape(
             sft.prompt_ids, sft.response_ids, row_multiple=row_multiple,

@@ -40,6 +40,13 @@ class TaskSampler:
         self.rng.bit_generator.state = state["rng"]
 
 
+def drawn_tasks(tasks: list, cfg) -> list:
+    """The distinct tasks a run's `TaskSampler` (seeded by train.seed) draws over its
+    train.iterations x rollout.num_groups, in first-drawn order."""
+    sampler = TaskSampler(tasks, cfg.train.seed)
+    return list(dict.fromkeys(sampler.next(cfg.train.iterations * cfg.rollout.num_groups)))
+
+
 @flax.struct.dataclass
 class TrainState:
     """The RL run's device state, one pytree: the policy's params and AdamW state, the frozen

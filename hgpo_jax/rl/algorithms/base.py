@@ -188,20 +188,20 @@ class Algorithm:
                                       opt_shardings, window=self.cfg.rollout.max_new_tokens,
                                       token_advantages=self.spec.token_advantages)
 
-    def prefix_sft_step(self, graphdef, tx, mesh=None, shardings=None, opt_shardings=None):
+    def sft_step(self, graphdef, tx, coef: float, mesh=None, shardings=None, opt_shardings=None):
         """jit(params, opt_state, mini-batch `SftRows`) -> (params, opt_state, metrics): one
-        policy update on prefix SFT rows alone (`rl.prefix_sft.make_sft_step`: coef
-        `guidance.sft_coef`, `num_micro` micro-batches, the response window and scoring
-        temperature of `policy_step`); the same for every family."""
-        return make_sft_step(graphdef, tx, self.cfg.guidance.sft_coef, self.num_micro, mesh,
+        policy update on supervised rows alone (a guidance's, e.g. prefix SFT:
+        `rl.prefix_sft.make_sft_step`, weight `coef`, `num_micro` micro-batches, the response
+        window and scoring temperature of `policy_step`); the same for every family."""
+        return make_sft_step(graphdef, tx, coef, self.num_micro, mesh,
                              shardings, opt_shardings, window=self.cfg.rollout.max_new_tokens,
                              temperature=self.loss_config().temperature)
 
-    def prefix_sft_budget_step(self, graphdef, tx, budget: int, mesh=None, shardings=None,
-                               opt_shardings=None):
-        """`prefix_sft_step` over token-budget micro-batches of `budget` tokens per device
+    def sft_budget_step(self, graphdef, tx, coef: float, budget: int, mesh=None, shardings=None,
+                        opt_shardings=None):
+        """`sft_step` over token-budget micro-batches of `budget` tokens per device
         (`rl.prefix_sft.make_sft_budget_step`)."""
-        return make_sft_budget_step(graphdef, tx, self.cfg.guidance.sft_coef, budget, mesh,
+        return make_sft_budget_step(graphdef, tx, coef, budget, mesh,
                                     shardings, opt_shardings,
                                     window=self.cfg.rollout.max_new_tokens,
                                     temperature=self.loss_config().temperature)

@@ -1,19 +1,25 @@
-"""A run's expert guidance (Agent-G², issue 50): which expert steps each training rollout
-replays first, and the schedule's update from the rollouts (host code, NumPy).
+"""Agent-G²'s guidance (`guidance.kind=g2`, issue 50): which expert steps each training rollout
+replays first, the replay, the schedule's update from the rollouts and prefix SFT's rows (host
+code, NumPy).
 
+    unit = AgentG2(cfg, AgentG2.prepare(cfg, drawn_tasks=..., progress=..., saved=...),
+                   tokenizer=tokenizer, agent=agent)          # the run's (`rl.guides`)
     guide = Guide(experts, tokenizer.encode, cfg.guidance, max_steps=cfg.env.max_steps)
-    plans = guide.plan(tasks)                          # one draw per task, in task order
-    batch = collect_rollouts(..., prefixes=guide.prefixes(plans, group_size))
-    metrics = guide.update(plans, batch, group_size)   # before the advantages
+    plans = guide.plan(tasks, group_size)              # one draw per task, in task order
+    pool = ReplayingPool(env_pool, guide.prefixes(plans), max_steps)   # rl.guides.replay
+    batch = collect_rollouts(..., pool, ...)
+    metrics = guide.update(plans, batch.episode_traj, batch.episode_won)  # before the advantages
     meta["guidance"] = guide.state_dict()              # with the run's checkpoints
 
-`experts` maps each training task that has an expert (`EnvSpec.expert_trajectories`) to the
-expert's actions; a task without one is unmatched: no prefix, not in the schedule. The experts'
-lengths give the difficulty clusters (`rl.guidance.difficulty_thresholds`), a task's cluster its
-expert's length class. Per task the schedule draws a ratio r (`GaussianSchedule.sample`), which
-becomes a number of expert steps through the expert's "Step k: action" text counted in the
-policy's tokens (`step_end_offsets`, `prefix_steps`: rounded up to a step's end, capped so that
-the policy plays at least the expert's last step and keeps a step of `max_steps`).
+`experts` maps each training task that has an expert (`EnvSpec.expert_trajectories`: recorded
+by `prepare` before the weights load, of the split or of the tasks the run draws,
+`guidance.expert_tasks`) to the expert's actions; a task without one is unmatched: no prefix, not
+in the schedule. The experts' lengths give the difficulty clusters (`rl.guidance.
+difficulty_thresholds`), a task's cluster its expert's length class. Per task the schedule
+draws a ratio r (`GaussianSchedule.sample`), which becomes a number of expert steps through the
+expert's "Step k: action" text counted in the policy's tokens (`step_end_offsets`,
+`prefix_steps`: rounded up to a step's end, capped so that the policy plays at least the
+expert's last step and keeps a step of `max_steps`).
 
 One draw per task, shared by its group's rollouts (`share_prefix_within_group`, the authors'
 scripts), drawn on every process from the same schedule state in the same task order, so a
@@ -21,7 +27,8 @@ multi-process run agrees on every plan; `share_prefix_within_group=false` draws 
 The update takes one value per kept rollout of a matched task (a rollout the prefix finished has
 no policy turn and is not kept), in batch order: its success (`RolloutBatch.episode_won`: the
 episode's env reward, prefix included, was a win), the controls flagged
-(`GaussianSchedule.update`).
+(`GaussianSchedule.update`). With `guidance.sft_coef` > 0 the replayed steps are also
+supervised rows of the update (`rl.prefix_sft.prefix_sft_rows`).
 """
 
 from __future__ import annotations
@@ -31,9 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from hgpo_jax.envs.registry import get_env
 from hgpo_jax.guidance_specs import ScheduleOptions
 from hgpo_jax.rl.guidance import (GaussianSchedule, difficulty_group, difficulty_thresholds,
                                   prefix_steps, step_end_offsets)
+from hgpo_jax.rl.guides.base import Guidance
+from hgpo_jax.rl.guides.replay import ReplayingPool
+from hgpo_jax.rl.prefix_sft import PrefixSft, prefix_sft_rows
 
 
 def clusters_of(experts: Mapping, options) -> list[int]:
@@ -73,15 +84,15 @@ class Guide:
     def __init__(self, experts: Mapping, encode: Callable[[str], Sequence[int]], options,
                  max_steps: int):
         if not experts:
-            raise ValueError("guidance.enable=true, but no training task has an expert trajectory "
-                             "to replay; check the env's data, or turn guidance off")
+            raise ValueError("guidance.kind=g2, but no training task has an expert trajectory "
+                             "to replay; check the env's data, or set guidance.kind=none")
         self.experts = {task: tuple(actions) for task, actions in experts.items()}
         self.encode = encode
         self.options = options
         self.max_steps = int(max_steps)
         self.thresholds = clusters_of(self.experts, options)
         self.schedule = GaussianSchedule(len(self.thresholds),
-                                         **dataclasses.asdict(ScheduleOptions.of(options)))
+                                         **ScheduleOptions.of(options).authors_options())
         self._offsets: dict = {}  # task -> its expert's step-end token offsets (on first use)
 
     def cluster(self, task) -> int:
@@ -121,7 +132,7 @@ class Guide:
 
     @staticmethod
     def prefixes(plans: Sequence[Plan]) -> list[list[str]]:
-        """The actions each env replays (`collect_rollouts(prefixes=...)`)."""
+        """The actions each env replays (`ReplayingPool(env_pool, prefixes, max_steps)`)."""
         return [list(p.actions) for p in plans]
 
     def update(self, plans: Sequence[Plan], episode_traj, episode_won) -> dict[str, float]:
@@ -156,3 +167,61 @@ class Guide:
                              f"make {list(self.thresholds)}; resume with the run's own "
                              "guidance.num_difficulty_groups, difficulty_group_mode and env data")
         self.schedule.load_state_dict({k: v for k, v in state.items() if k != "thresholds"})
+
+
+# --------------------------------------------------------------------------- the unit
+class AgentG2(Guidance):
+    """The `g2` kind (`rl.guides`): a `Guide` over the experts `prepare` recorded; rollouts play
+    in a `ReplayingPool` of the plans' prefixes; redraws `guidance.empty_policy_rollout_retry_limit`
+    times a batch whose prefixes left the policy no turn; prefix SFT rows with `sft_coef` > 0."""
+
+    name = "g2"
+
+    def __init__(self, cfg, prepared: Mapping, *, tokenizer, agent):
+        super().__init__(cfg)
+        g = cfg.guidance
+        self.guide = Guide(prepared, tokenizer.encode, g, cfg.env.max_steps)
+        self.retries = g.empty_policy_rollout_retry_limit
+        self.sft_coef = g.sft_coef
+        self.tokenizer, self.agent = tokenizer, agent
+
+    @classmethod
+    def prepare(cls, cfg, *, drawn_tasks: Callable[[], list], progress: bool,
+                saved: Mapping | None) -> dict:
+        """The experts (`EnvSpec.expert_trajectories`: played through the env once, then read
+        from the cache) of the training split's tasks, or with guidance.expert_tasks=drawn of
+        `drawn_tasks()`; a resumed schedule (`saved`) must have been made over the same difficulty
+        clusters (`clusters_of`), or a ValueError says what differs."""
+        spec = get_env(cfg.env.name)
+        tasks = drawn_tasks() if cfg.guidance.expert_tasks == "drawn" else None
+        experts = spec.expert_trajectories(cfg.env, cfg.env.split, progress=progress, tasks=tasks)
+        kept = (saved or {}).get("thresholds")
+        mine = clusters_of(experts, cfg.guidance)
+        if kept is not None and list(kept) != mine:
+            raise ValueError(f"--resume: the checkpoint's guidance schedule has the difficulty "
+                             f"clusters {list(kept)} (expert lengths up to each), the run's "
+                             f"experts make {mine}; resume with its guidance.num_difficulty_groups"
+                             ", guidance.difficulty_group_mode and env data")
+        return experts
+
+    def plan(self, tasks: Sequence, group_size: int) -> list[Plan]:
+        return self.guide.plan(tasks, group_size)
+
+    def pool(self, env_pool, plans: Sequence[Plan], max_steps: int) -> ReplayingPool:
+        return ReplayingPool(env_pool, Guide.prefixes(plans), max_steps)
+
+    def update(self, plans, episode_traj, episode_won) -> dict[str, float]:
+        return self.guide.update(plans, episode_traj, episode_won)
+
+    def sft_rows(self, batch) -> PrefixSft | None:
+        if not self.sft_coef > 0:
+            return None
+        r = self.cfg.rollout
+        return prefix_sft_rows(batch, self.agent, self.tokenizer, r.max_prompt_tokens,
+                               r.max_new_tokens)
+
+    def state_dict(self) -> dict:
+        return self.guide.state_dict()
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.guide.load_state_dict(state)
