@@ -39,8 +39,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from experiments.compare_estimators import (mean_ci, plot_success, run_seconds,
-                                train_to_the_end, write_results)
+from experiments.study import mean_ci, plot_success, run_seconds, train_to_the_end, write_results
 
 from hgpo_jax.config import load_config
 from hgpo_jax.metrics import read_metrics
@@ -82,7 +81,7 @@ def warm_start(args, sft_config: str) -> str:
 
 def run_rl(args, name: str, seed: int) -> list[dict]:
     """One method's RL run from its warm start: reused when finished, resumed when cut, and
-    never taken as done when the trainer stopped early (`compare_estimators.train_to_the_end`);
+    never taken as done when the trainer stopped early (`study.train_to_the_end`);
     then its final evaluation."""
     sft_config, rl_config, extra = METHODS[name]
     run_dir = os.path.join(args.out, "runs", f"{name}-s{seed}")

@@ -35,8 +35,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from experiments.compare_estimators import (SPLIT, curves, mean_ci, plot_success,
-                                rl_config, run_rl, run_seconds, run_sft, write_results)
+from experiments.study import (SPLIT, curves, mean_ci, plot_success, rl_config, run_rl,
+                               run_seconds, run_sft, write_results)
 
 from hgpo_jax.envs.toy import PALETTE
 from hgpo_jax.metrics import read_metrics

@@ -1,6 +1,8 @@
-"""The stage machinery of the laptop-scale studies (experiments/alfworld_laptop.py and
-experiments/webshop_laptop.py): a study is a few resumable stages run through the `hgpo-jax` CLI
-in subprocesses, with a record of every command and wall time.
+"""The stage machinery of the laptop-scale studies (experiments/alfworld_laptop.py,
+webshop_laptop.py and search_laptop.py): a study is a few resumable stages run through the
+`hgpo-jax` CLI in subprocesses, with a record of every command and wall time. (Comparisons on the
+toy envs, whose warm start is one per seed and whose runs are seconds, run in one process
+through experiments/study.py, whose statistics these studies share.)
 
     stages: experts -> sft -> eval_warm -> rl -> report   (each study names its own experts and report)
 

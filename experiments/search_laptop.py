@@ -118,7 +118,7 @@ def thirds(series: list[float]) -> tuple[float, float, float]:
 
 def mean_ci(values) -> tuple[float, float]:
     """(mean, half-width of the 95% Student t interval; NaN for fewer than 2 values)."""
-    from experiments.compare_estimators import mean_ci as ci
+    from experiments.study import mean_ci as ci
 
     return ci(values)
 
