@@ -188,23 +188,25 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__,
+def parser(doc: str, env: str, out: str, memory_len: int = 4) -> argparse.ArgumentParser:
+    """The arguments of a guidance study (this one's, experiments/guidance_sparse.py's)."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--iterations", type=int, default=15)
     ap.add_argument("--sft-steps", type=int, default=100)
-    ap.add_argument("--env", default="toy-history")
-    ap.add_argument("--memory-len", type=int, default=4)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "guidance_study"))
-    ap.add_argument("--actions", type=int, nargs="*", default=[], metavar="SEED",
-                    help="for these seeds, tabulate what each arm's final policy and the warm "
-                         "start do on held-out tasks, place by place (held_out_actions)")
+    ap.add_argument("--env", default=env)
+    ap.add_argument("--memory-len", type=int, default=memory_len)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", out))
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every RL run")
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
+    return ap
+
+
+def run_arms(args) -> tuple[dict, dict, dict, dict]:
+    """Every seed's warm start, then each arm's RL run from it (`study.run_sft`, `run_rl`:
+    finished runs reused, cut ones resumed) -> (runs: {arm: {seed: curves}}, stats: {arm:
+    {seed: run_stats}}, guidance: {guided arm: {seed: guidance_curves}}, timing: {run: s})."""
     runs: dict[str, dict[int, dict]] = {name: {} for name in args.arms}
     stats: dict[str, dict[int, dict]] = {name: {} for name in args.arms}
     guidance: dict[str, dict[int, dict]] = {name: {} for name in args.arms if "g2" in name}
@@ -223,6 +225,28 @@ def main(argv=None) -> dict:
             c = runs[name][seed]["eval"]
             print(f"seed {seed} {name:<11} held-out success first {c[0]:.3f} last {c[-1]:.3f} "
                   f"({timing[f'{name}-s{seed}']:.0f} s)", flush=True)
+    return runs, stats, guidance, timing
+
+
+def print_summary(summary: dict) -> None:
+    for name, s in summary["arms"].items():
+        m, h = s["last_third"]
+        print(f"{name:<14} held-out success, last third {m:.3f} +/- {h:.3f}")
+    for pair, p in summary["paired"].items():
+        m, h = p["mean_ci95"]
+        print(f"{pair}: {m:+.3f} +/- {h:.3f} (guided better on {p['guided_better']} of "
+              f"{p['seeds']} seeds)")
+
+
+def main(argv=None) -> dict:
+    ap = parser(__doc__, "toy-history", "guidance_study")
+    ap.add_argument("--actions", type=int, nargs="*", default=[], metavar="SEED",
+                    help="for these seeds, tabulate what each arm's final policy and the warm "
+                         "start do on held-out tasks, place by place (held_out_actions)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    runs, stats, guidance, timing = run_arms(args)
     summary = summarize(runs, args.iterations)
     actions: dict[str, dict[int, dict]] = {}  # name -> seed -> held_out_actions
     for seed in args.actions:
@@ -253,14 +277,8 @@ def main(argv=None) -> dict:
         f.write(report(result))
     png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
                         for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
-                       "toy-history, hint-free held-out success: mean and 95% interval")
-    for name, s in summary["arms"].items():
-        m, h = s["last_third"]
-        print(f"{name:<11} held-out success, last third {m:.3f} +/- {h:.3f}")
-    for pair, p in summary["paired"].items():
-        m, h = p["mean_ci95"]
-        print(f"{pair}: {m:+.3f} +/- {h:.3f} (guided better on {p['guided_better']} of "
-              f"{p['seeds']} seeds)")
+                       f"{args.env}, hint-free held-out success: mean and 95% interval")
+    print_summary(summary)
     print(f"wrote {os.path.join(args.out, 'results.json')} and {png} "
           f"({result['wall_seconds']:.0f} s)")
     return result

@@ -152,10 +152,11 @@ def plot_success(series: dict[str, tuple], path: str, title: str, split: str = S
     return path
 
 def write_results(script: str, argv, args, t0: float, timing: dict, summary: dict,
-                  **per_seed: dict) -> dict:
+                  top: dict | None = None, **per_seed: dict) -> dict:
     """A comparison's args.out/results.json, returned too: the command (`script` and its
     arguments), the args, the wall seconds since t0, each run's seconds (`timing`) and their
-    total, the summary, and each `per_seed` item ({method: {seed: data}}, seeds as strings)."""
+    total, the summary, each `per_seed` item ({method: {seed: data}}, seeds as strings) and the
+    study's own `top` keys."""
     module = script[:-len(".py")] if script.endswith(".py") else script
     result = {"command": f"python -m experiments.{module} " + " ".join(argv or sys.argv[1:]),
               "args": vars(args), "wall_seconds": round(time.time() - t0, 1),
@@ -163,6 +164,7 @@ def write_results(script: str, argv, args, t0: float, timing: dict, summary: dic
               "summary": summary}
     result.update({key: {m: {str(s): c for s, c in r.items()} for m, r in data.items()}
                    for key, data in per_seed.items()})
+    result.update(top or {})
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     return result

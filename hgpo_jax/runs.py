@@ -70,6 +70,17 @@ def latest_checkpoint(run_dir: str) -> tuple[str, int] | None:
     return ("rl" if "iteration" in meta else "sft"), steps[-1]
 
 
+def newest_meta(run_dir: str) -> dict:
+    """The meta of a run folder's newest checkpoint ({} without one); no array is read."""
+    if not os.path.isdir(os.path.join(run_dir, CHECKPOINTS)):
+        return {}
+    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
+    try:
+        return ckpt.latest_meta() or {}
+    finally:
+        ckpt.close()
+
+
 EXPORT_RECORD = "hgpo_jax_export.json"  # what `hgpo-jax export` wrote into a folder, and from where
 
 
@@ -318,12 +329,7 @@ def check_resumed_base(cfg, run_dir: str) -> None:
     """A resumed LoRA run's checkpoint holds adapters only: its base must be the one they were
     trained on (the `base` its newest checkpoint's meta recorded). ValueError otherwise, before
     any weight loads."""
-    ckpt = Checkpointer(os.path.join(run_dir, CHECKPOINTS), read_only=True)
-    try:
-        meta = ckpt.latest_meta() or {}
-    finally:
-        ckpt.close()
-    saved = meta.get("base")
+    saved = newest_meta(run_dir).get("base")
     if not saved:
         return
     now = base_identity(cfg.model.path)

@@ -42,7 +42,7 @@ from hgpo_jax.rl.ppo import LossConfig
 from hgpo_jax.rl.rollout import RolloutBatch, collect_rollouts, summary_metrics
 from hgpo_jax.rl.sampling import Sampler
 from hgpo_jax.rl.update import budget_update, make_logprob_fn, on_mesh
-from hgpo_jax.runs import CHECKPOINTS, Run
+from hgpo_jax.runs import Run, newest_meta
 from hgpo_jax.trainers.budget import budget_minibatch, budget_rows_pass, budget_sft_minibatch
 from hgpo_jax.trainers.evaluator import Evaluator, env_and_agent, make_env_pool
 from hgpo_jax.trainers.iteration_metrics import (mean_metrics, merge_row_statistics,
@@ -61,18 +61,8 @@ def prepare_guidance(cfg, resume: bool, progress: bool):
     """(the unit type of `guidance.kind`, what it prepared before the weights load:
     `Guidance.prepare` with the tasks the run draws, on demand, and, resuming, the newest
     checkpoint's guidance state)."""
-    import os
-
-    from hgpo_jax.checkpoint import Checkpointer
-
     unit = guidance_unit(cfg.guidance.kind)
-    saved, folder = None, os.path.join(cfg.run_path(), CHECKPOINTS)
-    if resume and os.path.isdir(folder):
-        ckpt = Checkpointer(folder, read_only=True)
-        try:
-            saved = (ckpt.latest_meta() or {}).get("guidance")
-        finally:
-            ckpt.close()
+    saved = newest_meta(cfg.run_path()).get("guidance") if resume else None
 
     def drawn() -> list:
         return drawn_tasks(get_env(cfg.env.name).list_tasks(cfg.env, cfg.env.split), cfg)

@@ -1,0 +1,148 @@
+"""Guidance where it should help (issue 63): Agent-G²'s expert prefixes on a sparse-reward task
+that unguided RL cannot start on, several paired seeds.
+
+  python -m experiments.guidance_sparse                          # 6 arms x 5 seeds
+  taskset -c 0 python -m experiments.guidance_sparse --seeds 0 2 4 &   # one process per core,
+  taskset -c 1 python -m experiments.guidance_sparse --seeds 1 3       # then collect (finished
+  python -m experiments.guidance_sparse                                # runs are reused)
+
+The task is "toy-lock" (hgpo_jax/envs/toy/lock.py): a lock of 5-7 stages, each with 4
+admissible dial settings of which only the one the stage's observation names is right; a wrong
+one ends the episode at 0, the last right one opens the lock (reward 10). Random play wins
+(1/4)^L: `random_play_success` below measures it on the held-out tasks, whose colour sequences
+are never a training task's. Everything else is experiments/guidance_study.py's design, through
+the same study runner (experiments/study.py): per seed one format-only warm start (`hgpo-jax
+sft` on random episodes) shared by the arms, GRPO and HGPO (K=2) each without guidance, with
+`guidance.kind=g2` (the authors' scripts' schedule: dynamic_sigma, batch success band 0.5/0.5;
+3 clusters of the experts' lengths) and with it and prefix SFT (`guidance.sft_coef=0.5`); 16
+tasks x 8 rollouts per iteration; after every iteration the policy plays 48 held-out tasks at
+temperature 0.4 WITHOUT a prefix (hint-free).
+
+Writes OUT/results.json: the command, `random_play_success` (and its analytic value), per arm
+(`grpo`, `grpo_g2`, `grpo_g2_sft`, `hgpo_k2`, `hgpo_k2_g2`, `hgpo_k2_g2_sft`) the list `seeds`
+and the list `last_third` (hint-free held-out success over the last third of the iterations,
+one value per seed, the same seed order for every arm), the summary with 95% t intervals and
+the paired differences guided - unguided, and per guided arm what the schedule did
+(`dynamics`: mu_global, the batch success it saw and the replayed steps, per iteration, mean
+over seeds); OUT/results.md, OUT/success.png, OUT/schedule.png. Runs live in OUT/runs/.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from experiments.guidance_study import parser, print_summary, report, run_arms, summarize
+from experiments.study import SPLIT, plot_success, write_results
+
+ENV = "toy-lock"
+
+
+def random_play_success(env: str = ENV, split: str = SPLIT, passes: int = 40) -> dict:
+    """Random play on the held-out tasks of `split`: every task played `passes` times by the
+    env's random episodes (`EnvSpec.record_episodes`, kind "random": a uniformly random
+    admissible action at every step), seeds 0..passes-1 -> {success, episodes, analytic (the
+    mean over the tasks of the product over the expert's steps of 1 / the admissible actions
+    there: the chance that random play takes the expert's path), split}."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.envs.registry import get_env
+
+    cfg = load_config("toy_hgpo", [f"env.name={env}"])
+    spec = get_env(env)
+    tasks = spec.list_tasks(cfg.env, split)
+    won = [ep.won for s in range(passes)
+           for ep in spec.record_episodes(cfg.env, split, len(tasks), "random", seed=s)]
+    experts = spec.record_episodes(cfg.env, split, len(tasks), "expert")
+    analytic = float(np.mean([np.prod([1.0 / len(step.admissible) for step in ep.steps])
+                              for ep in experts]))
+    return {"success": float(np.mean(won)), "episodes": len(won), "analytic": analytic,
+            "split": split}
+
+
+def dynamics(guidance: dict, iterations: int) -> dict:
+    """Per guided arm, per iteration, the mean over seeds of mu_global, the batch success the
+    schedule saw and the replayed steps (`guidance_study.guidance_curves`)."""
+    out = {}
+    for arm, by_seed in guidance.items():
+        out[arm] = {key: [float(np.mean([c[key][i] for c in by_seed.values()
+                                         if i < len(c[key]) and c[key][i] is not None]))
+                          if any(i < len(c[key]) and c[key][i] is not None
+                                 for c in by_seed.values()) else None
+                          for i in range(iterations)]
+                    for key in ("mu_global", "batch_success", "prefix_steps")}
+    return out
+
+
+def dynamics_md(dyn: dict) -> str:
+    lines = ["", "What the schedule did (mean over seeds, iterations 1, 4, 8, 12, last): "
+             "mu_global / the batch success it saw / expert steps replayed per rollout", "",
+             "| arm | mu_global | batch success | replayed steps |", "|---|---|---|---|"]
+    for arm, d in dyn.items():
+        n = len(d["mu_global"])
+        picks = sorted({i for i in (0, 3, 7, 11, n - 1) if 0 <= i < n})
+
+        def row(key):
+            return ", ".join("-" if d[key][i] is None else f"{d[key][i]:.2f}" for i in picks)
+        lines.append(f"| {arm} | {row('mu_global')} | {row('batch_success')} | "
+                     f"{row('prefix_steps')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_schedule(dyn: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for arm, d in dyn.items():
+        x = np.arange(1, len(d["mu_global"]) + 1)
+        axes[0].plot(x, [np.nan if v is None else v for v in d["mu_global"]], label=arm)
+        axes[1].plot(x, [np.nan if v is None else v for v in d["prefix_steps"]], label=arm)
+    axes[0].set_ylabel("mu_global")
+    axes[1].set_ylabel("expert steps replayed per rollout")
+    for ax in axes:
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> dict:
+    args = parser(__doc__, ENV, "guidance_sparse", memory_len=2).parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    runs, stats, guidance, timing = run_arms(args)
+    summary = summarize(runs, args.iterations)
+    random = random_play_success(args.env)
+    dyn = dynamics(guidance, args.iterations)
+    per_arm = {arm: {"seeds": sorted(runs[arm]),
+                     "last_third": [summary["arms"][arm]["last_third_per_seed"][str(s)]
+                                    for s in sorted(runs[arm])]} for arm in args.arms}
+    result = write_results("guidance_sparse.py", argv, args, t0, timing, summary,
+                           top={"random_play_success": random["success"],
+                                "random_play": random, **per_arm, "dynamics": dyn},
+                           runs=runs, stats=stats, guidance=guidance)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(f"Random play on the held-out tasks ({random['split']}, {random['episodes']} "
+                f"episodes): success {random['success']:.4f} (analytic {random['analytic']:.4f})."
+                "\n\n" + report(result) + dynamics_md(dyn))
+    png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
+                        for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
+                       f"{args.env}, hint-free held-out success: mean and 95% interval")
+    plot_schedule(dyn, os.path.join(args.out, "schedule.png"))
+    print(f"random play on the held-out tasks: {random['success']:.4f} "
+          f"(analytic {random['analytic']:.4f}, {random['episodes']} episodes)")
+    print_summary(summary)
+    print(f"wrote {os.path.join(args.out, 'results.json')} and {png} "
+          f"({result['wall_seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
