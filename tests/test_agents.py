@@ -41,7 +41,7 @@ def test_registry_names_and_errors():
     with pytest.raises(ValueError, match="unknown agent 'hiper'; use one of verl-agent"):
         get_agent("hiper", "alfworld")
     with pytest.raises(ValueError, match="has no prompt for env 'nethack'; it has prompts for "
-                                         "alfworld, toy, toy-history, webshop"):
+                                         "alfworld, toy, toy-history, toy-lock, webshop"):
         get_agent("verl-agent", "nethack")
     with pytest.raises(ValueError, match="use one of verl-agent, strict"):
         get_agent("verl-agent", "alfworld", projection="lenient")

@@ -29,7 +29,7 @@ from hgpo_jax.rl.rollout import collect_rollouts
 from hgpo_jax.sft.data import samples_from_episodes
 from toy_policies import RecordingPool, ReplayPolicy
 
-ENVS = ("alfworld", "toy", "toy-history", "webshop")
+ENVS = ("alfworld", "toy", "toy-history", "toy-lock", "webshop")
 
 # ------------------------------------------------------------------------------------ templates
 # Transcribed from /work/shared/design/hiper.md §1.2 (checked there against the authors' file):
@@ -561,7 +561,7 @@ def test_registry_entry():
         assert agent == make_agent(env) and agent.name == "plan-execute" and agent.env == env
     assert set(ENVS) <= set(env_names())
     with pytest.raises(ValueError, match="agent 'plan-execute' has no prompt for env 'nethack'; it "
-                                         "has prompts for alfworld, toy, toy-history, webshop"):
+                                         "has prompts for alfworld, toy, toy-history, toy-lock, webshop"):
         get_agent("plan-execute", "nethack")
     with pytest.raises(ValueError, match="has no projection rules 'strict'; use one of verl-agent"):
         get_agent("plan-execute", "alfworld", projection="strict")

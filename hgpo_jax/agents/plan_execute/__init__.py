@@ -40,7 +40,7 @@ PROJECTIONS = ("verl-agent",)
 # env name -> its prompt builder (the projection rules are `projection.ENV_RULES`')
 PROMPTS: dict[str, Callable[..., str]] = {
     "alfworld": build_alfworld_prompt, "toy": build_toy_prompt, "toy-history": build_toy_prompt,
-    "webshop": build_webshop_prompt}
+    "toy-lock": build_toy_prompt, "webshop": build_webshop_prompt}
 
 __all__ = ["NAME", "PROJECTIONS", "PROMPTS", "KEEP", "SWITCH", "PlanExecuteAgent", "ReplySpans",
            "make_agent", "project", "reply_spans", "AGENT_SPECS"]

@@ -30,7 +30,7 @@ ALFWORLD_RULES = "alfworld"
 WEBSHOP_RULES = "webshop"
 # env name -> the rules it follows (the toy envs follow ALFWorld's)
 ENV_RULES = {"alfworld": ALFWORLD_RULES, "toy": ALFWORLD_RULES, "toy-history": ALFWORLD_RULES,
-             "webshop": WEBSHOP_RULES}
+             "toy-lock": ALFWORLD_RULES, "webshop": WEBSHOP_RULES}
 FALLBACK_CHARS = {ALFWORLD_RULES: 30, WEBSHOP_RULES: 20}
 SWITCH, KEEP = "SWITCH", "KEEP"
 

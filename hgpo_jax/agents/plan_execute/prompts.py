@@ -6,7 +6,7 @@ Four templates, each a string that begins with one "\\n" and ends with "\\n":
 | env | first turn (`current_subgoal` "None") | later turns |
 |---|---|---|
 | alfworld | ALFWORLD_PLAN_NO_HISTORY | ALFWORLD_PLAN_WITH_HISTORY |
-| toy, toy-history | TOY_PLAN_NO_HISTORY | TOY_PLAN_WITH_HISTORY |
+| toy, toy-history, toy-lock | TOY_PLAN_NO_HISTORY | TOY_PLAN_WITH_HISTORY |
 | webshop | WEBSHOP_PLAN_NO_HISTORY | WEBSHOP_PLAN_WITH_HISTORY |
 
 The toy envs' templates are ALFWorld's with the first sentence (ALFWORLD_INTRO) replaced by the

@@ -13,6 +13,7 @@ The prompts are the authors' templates, byte for byte, one per env:
 |---|---|---|---|
 | alfworld | `alfworld.build_prompt` (ALFWORLD_INTRO) | fallback: last 30 chars | think, `<action>` |
 | toy, toy-history | `alfworld.build_toy_prompt` (TOY_INTRO) | fallback: last 30 chars | the same |
+| toy-lock | `alfworld.build_lock_prompt` (LOCK_INTRO) | fallback: last 30 chars | the same |
 | webshop | `webshop.build_prompt` | fallback: last 20 chars | the same |
 | search | `search.prompt_from_turns` | `search.project` ("verl-agent" only) | think, action |
 

@@ -6,7 +6,8 @@ observation and the admissible actions; the task is part of ALFWorld's first obs
 steps use the template with history: the task, the number of steps taken, the last `memory_len`
 (observation, action) turns, the step number and the current observation. Both ask for reasoning
 inside <think> </think> and the answer inside <action> </action>. The first sentence is `intro`:
-ALFWORLD_INTRO for ALFWorld, TOY_INTRO for the toy envs (`hgpo_jax.envs.toy`).
+ALFWORLD_INTRO for ALFWorld, TOY_INTRO for the toy envs (`hgpo_jax.envs.toy`), LOCK_INTRO for
+the toy lock (`toy-lock`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hgpo_jax.agents.verl_agent.formats import VerlFormat
 ALFWORLD_INTRO = "You are an expert agent operating in the ALFRED Embodied Environment."
 SYSTEM_INTRO = ALFWORLD_INTRO  # older name, kept for importers
 TOY_INTRO = "You are an agent in a small text world."  # the toy envs' first sentence
+LOCK_INTRO = ("You are opening a lock of several stages; at each stage, turn the dial to the "
+              "colour the next pin is marked with.")  # toy-lock's first sentence
 
 _INSTRUCTIONS = (
     "Now it's your turn to take an action.\n"
@@ -86,6 +89,14 @@ def build_toy_prompt(task: str, observation: str, admissible_actions: Sequence[s
                         intro=TOY_INTRO)
 
 
+def build_lock_prompt(task: str, observation: str, admissible_actions: Sequence[str],
+                      history: Sequence[Turn] = (), memory_len: int = 2) -> str:
+    """`build_prompt` with LOCK_INTRO as its first sentence: the toy lock's prompt."""
+    return build_prompt(task, observation, admissible_actions, history, memory_len,
+                        intro=LOCK_INTRO)
+
+
 # the envs this module serves (gathered by the package: `env_formats()`)
 _TOY = VerlFormat(build_prompt=build_toy_prompt)
-FORMATS = {"alfworld": VerlFormat(build_prompt=build_prompt), "toy": _TOY, "toy-history": _TOY}
+FORMATS = {"alfworld": VerlFormat(build_prompt=build_prompt), "toy": _TOY, "toy-history": _TOY,
+           "toy-lock": VerlFormat(build_prompt=build_lock_prompt)}

@@ -16,14 +16,17 @@ press names its colour ("A red light blinks."), and the junction lists the doors
 task-dependent order different from the buttons', so no fixed position-to-position habit wins:
 the agent has to carry the colour from its memory to the door.
 Same protocol and info keys as ALFWorld (`hgpo_jax.envs.base`). Unknown actions answer
-"Nothing happens." and change nothing.
+"Nothing happens." and change nothing. Importable as `hgpo_jax.envs.toy` (the toy family's
+package); its splits and scripted episodes are the family's (`common.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hgpo_jax.envs.episodes import Episode, play_episode
+from hgpo_jax.envs.episodes import Episode
+from hgpo_jax.envs.toy.common import (EXPERT_MAX_STEPS, KINDS, SPLIT_OFFSET, SPLITS,
+                                      expert_trajectories, list_tasks, scripted_episodes)
 
 PALETTE = ("red", "blue", "green", "yellow", "white", "black")
 WIN_REWARD = 10.0
@@ -134,8 +137,8 @@ class ToyMemoryEnv:
 
 
 # --------------------------------------------------------------------------- registry entries
-SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
-_SPLIT_OFFSET = {"train": 0, "valid_seen": 100_000, "valid_unseen": 200_000, "valid_train": 300_000}
+_SPLIT_OFFSET, _list_tasks = SPLIT_OFFSET, list_tasks  # older names, for importers
+TOY_KINDS = KINDS  # the episode kinds toy_episodes records
 
 
 def _make_env(env_cfg):
@@ -144,64 +147,29 @@ def _make_env(env_cfg):
     return functools.partial(ToyMemoryEnv, max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
 
 
-def _list_tasks(env_cfg, split: str) -> list[int]:
-    """Task ints, disjoint per split: 1000 for train, 60 for each other split."""
-    return [_SPLIT_OFFSET[split] + i for i in range(1000 if split == "train" else 60)]
-
-
-# --------------------------------------------------------------------------- recorded episodes
-TOY_KINDS = ("expert", "random")  # the episode kinds toy_episodes records
-
-
 def toy_episodes(tasks: Iterable[int], kind: str = "expert", *, seed: int = 0, max_steps: int = 50,
                  **env_kwargs) -> list[Episode]:
     """Toy-env episodes: kind "expert" plays its scripted solution (always wins), "random" a
     uniformly random admissible action at every step (the format without the skill)."""
-    import numpy as np
-
-    if kind not in TOY_KINDS:
-        raise ValueError(f"unknown toy episode kind {kind!r}; use 'expert' or 'random'")
-    env = ToyMemoryEnv(max_steps=max_steps, **env_kwargs)
-    rng = np.random.default_rng(seed)
-    out = []
-    for task in tasks:
-        if kind == "expert":
-            env.reset(task)
-            plan = env.solution()
-            choose = lambda obs, info, t, plan=plan: plan[t]  # noqa: E731
-        else:
-            choose = lambda obs, info, t: str(rng.choice(info["admissible_actions"]))  # noqa: E731
-        out.append(play_episode(env, task, choose, max_steps, source=f"toy:{task}"))
-    return out
+    return scripted_episodes(ToyMemoryEnv(max_steps=max_steps, **env_kwargs), tasks, kind,
+                             seed=seed, max_steps=max_steps, name="toy")
 
 
 def _record_episodes(env_cfg, split: str, n: int, kind: str, *, seed: int = 0,
                      progress: bool = False) -> list:
-    return toy_episodes(_list_tasks(env_cfg, split)[:n], kind, seed=seed,
+    return toy_episodes(list_tasks(env_cfg, split)[:n], kind, seed=seed,
                         max_steps=env_cfg.max_steps, **env_kwargs(env_cfg.name))
 
 
 # --------------------------------------------------------------------------- expert trajectories
-EXPERT_MAX_STEPS = 50  # the step budget the scripted solution is checked under (it takes 3-5)
-
-
 def _expert_trajectories(env_cfg, split: str, *, progress: bool = False, workers: int = 1,
                          tasks=None) -> dict[int, tuple[str, ...]]:
     """The registry's expert_trajectories: each task's scripted solution (`solution()`), played
     to check it wins. Instant, so nothing is kept on disk; progress and workers are unused."""
-    from hgpo_jax.envs.experts import chosen_tasks
+    import functools
 
-    if split not in SPLITS:
-        raise ValueError(f"unknown toy split {split!r}; use one of {SPLITS}")
-    env = ToyMemoryEnv(max_steps=EXPERT_MAX_STEPS, **env_kwargs(env_cfg.name))
-    out = {}
-    for task in chosen_tasks(_list_tasks(env_cfg, split), tasks, env_cfg.name, split):
-        env.reset(task)
-        plan = env.solution()
-        episode = play_episode(env, task, lambda obs, info, t: plan[t], len(plan))
-        if episode.won:
-            out[task] = tuple(plan)
-    return out
+    make = functools.partial(ToyMemoryEnv, max_steps=EXPERT_MAX_STEPS, **env_kwargs(env_cfg.name))
+    return expert_trajectories(make, env_cfg, split, tasks=tasks)
 
 
 def corpus_episodes() -> list:
@@ -217,7 +185,7 @@ def _env_specs() -> dict:
 
     built = {"toy": BuiltModel(vocab=1024, episodes=corpus_episodes, memory_len=4)}
     return {name: EnvSpec(
-        name=name, make_env=_make_env, list_tasks=_list_tasks, splits=SPLITS,
+        name=name, make_env=_make_env, list_tasks=list_tasks, splits=SPLITS,
         eval_splits=("valid_seen", "valid_unseen"),
         record_episodes=_record_episodes, episode_kinds=TOY_KINDS,
         expert_trajectories=_expert_trajectories, built_model=built.get(name))
