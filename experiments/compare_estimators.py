@@ -6,7 +6,7 @@
   python -m experiments.compare_estimators                      # collect (finished runs are reused)
   python -m experiments.compare_estimators --seeds 0 --iterations 6 --estimators hgpo_k2 grpo  # a quick look
 
-The task is the "toy-history" env (hgpo_jax/envs/toy.py): press one of three coloured buttons,
+The task is the "toy-history" env (hgpo_jax/envs/toy/memory.py): press one of three coloured buttons,
 walk a corridor of 1-3 steps, open the door of the pressed colour at a junction whose doors are
 listed in a task-dependent order. The first corridor observation names the pressed colour, the
 junction observation does not: steps at the junction share one anchor but need different actions

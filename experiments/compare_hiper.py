@@ -7,7 +7,7 @@ by whether the pressed colour is still inside the prompt's memory window at the 
   python -m experiments.compare_hiper                               # collect (finished runs reused)
   python -m experiments.compare_hiper --seeds 0 --iterations 4      # a quick look
 
-The task is "toy-history" (hgpo_jax/envs/toy.py): press one of three coloured buttons, walk a
+The task is "toy-history" (hgpo_jax/envs/toy/memory.py): press one of three coloured buttons, walk a
 corridor of 1 + task % 3 steps, open the door of the pressed colour at a junction whose doors are
 listed in a task-dependent order. The colour is named by the press action and by the first
 corridor observation only. With a memory of the last `--memory-len` = 2 turns, the junction prompt
