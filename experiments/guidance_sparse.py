@@ -15,8 +15,8 @@ the same study runner (experiments/study.py): per seed one format-only warm star
 sft` on random episodes) shared by the arms, GRPO and HGPO (K=2) each without guidance, with
 `guidance.kind=g2` (the authors' scripts' schedule: dynamic_sigma, batch success band 0.5/0.5;
 3 clusters of the experts' lengths) and with it and prefix SFT (`guidance.sft_coef=0.5`); 16
-tasks x 8 rollouts per iteration; after every iteration the policy plays 48 held-out tasks at
-temperature 0.4 WITHOUT a prefix (hint-free).
+tasks x 8 rollouts per iteration; after every iteration the policy plays 48 held-out tasks
+(`valid_unseen`: paths no training task has) at temperature 0.4 WITHOUT a prefix (hint-free).
 
 Writes OUT/results.json: the command, `random_play_success` (and its analytic value), per arm
 (`grpo`, `grpo_g2`, `grpo_g2_sft`, `hgpo_k2`, `hgpo_k2_g2`, `hgpo_k2_g2_sft`) the list `seeds`
@@ -34,13 +34,14 @@ import time
 
 import numpy as np
 
-from experiments.guidance_study import parser, print_summary, report, run_arms, summarize
-from experiments.study import SPLIT, plot_success, write_results
+from experiments.guidance_study import finish, parser, report, run_arms, summarize
+from experiments.study import write_results
 
 ENV = "toy-lock"
+HELD_OUT = "valid_unseen"  # toy-lock's split whose paths no training task has
 
 
-def random_play_success(env: str = ENV, split: str = SPLIT, passes: int = 40) -> dict:
+def random_play_success(env: str = ENV, split: str = HELD_OUT, passes: int = 2000) -> dict:
     """Random play on the held-out tasks of `split`: every task played `passes` times by the
     env's random episodes (`EnvSpec.record_episodes`, kind "random": a uniformly random
     admissible action at every step), seeds 0..passes-1 -> {success, episodes, analytic (the
@@ -114,12 +115,13 @@ def plot_schedule(dyn: dict, path: str) -> str:
 
 
 def main(argv=None) -> dict:
-    args = parser(__doc__, ENV, "guidance_sparse", memory_len=2).parse_args(argv)
+    args = parser(__doc__, ENV, "guidance_sparse", memory_len=2, split=HELD_OUT,
+                  sft_extra=("model.path=build:toy-lock-tiny",)).parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     runs, stats, guidance, timing = run_arms(args)
     summary = summarize(runs, args.iterations)
-    random = random_play_success(args.env)
+    random = random_play_success(args.env, args.split)
     dyn = dynamics(guidance, args.iterations)
     per_arm = {arm: {"seeds": sorted(runs[arm]),
                      "last_third": [summary["arms"][arm]["last_third_per_seed"][str(s)]
@@ -132,15 +134,10 @@ def main(argv=None) -> dict:
         f.write(f"Random play on the held-out tasks ({random['split']}, {random['episodes']} "
                 f"episodes): success {random['success']:.4f} (analytic {random['analytic']:.4f})."
                 "\n\n" + report(result) + dynamics_md(dyn))
-    png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
-                        for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
-                       f"{args.env}, hint-free held-out success: mean and 95% interval")
     plot_schedule(dyn, os.path.join(args.out, "schedule.png"))
     print(f"random play on the held-out tasks: {random['success']:.4f} "
           f"(analytic {random['analytic']:.4f}, {random['episodes']} episodes)")
-    print_summary(summary)
-    print(f"wrote {os.path.join(args.out, 'results.json')} and {png} "
-          f"({result['wall_seconds']:.0f} s)")
+    finish(args, runs, summary, result)
     return result
 
 

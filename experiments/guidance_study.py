@@ -188,8 +188,11 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parser(doc: str, env: str, out: str, memory_len: int = 4) -> argparse.ArgumentParser:
-    """The arguments of a guidance study (this one's, experiments/guidance_sparse.py's)."""
+def parser(doc: str, env: str, out: str, memory_len: int = 4, split: str = SPLIT,
+           sft_extra: tuple = ()) -> argparse.ArgumentParser:
+    """The arguments of a guidance study (this one's, experiments/guidance_sparse.py's): its env,
+    output folder, memory, held-out split and the warm start's extra overrides (`sft_extra`,
+    e.g. the env's built model) as defaults."""
     ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -198,8 +201,10 @@ def parser(doc: str, env: str, out: str, memory_len: int = 4) -> argparse.Argume
     ap.add_argument("--sft-steps", type=int, default=100)
     ap.add_argument("--env", default=env)
     ap.add_argument("--memory-len", type=int, default=memory_len)
+    ap.add_argument("--split", default=split, help="the held-out split evaluated every iteration")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", out))
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every RL run")
+    ap.set_defaults(sft_extra=list(sft_extra))
     return ap
 
 
@@ -211,14 +216,17 @@ def run_arms(args) -> tuple[dict, dict, dict, dict]:
     stats: dict[str, dict[int, dict]] = {name: {} for name in args.arms}
     guidance: dict[str, dict[int, dict]] = {name: {} for name in args.arms if "g2" in name}
     timing = {}
+    held_out = [] if args.split == SPLIT else [f"eval.splits=[{args.split}]"]
     for seed in args.seeds:
-        sft_dir = run_sft(args.out, seed, args.env, args.memory_len, args.sft_steps)
+        sft_dir = run_sft(args.out, seed, args.env, args.memory_len, args.sft_steps,
+                          extra=args.sft_extra)
         timing[f"sft-s{seed}"] = run_seconds(read_metrics(sft_dir))
         for name in args.arms:
             records = run_rl(args.out, name, seed, sft_dir, args.env, args.memory_len,
-                             args.iterations, ["train.save_every=1", *args.overrides], ARMS)
+                             args.iterations, ["train.save_every=1", *held_out, *args.overrides],
+                             ARMS)
             timing[f"{name}-s{seed}"] = run_seconds(records)
-            runs[name][seed] = curves(records)
+            runs[name][seed] = curves(records, args.split)
             stats[name][seed] = run_stats(records, max(1, args.iterations // 3))
             if name in guidance:
                 guidance[name][seed] = guidance_curves(records)
@@ -228,7 +236,13 @@ def run_arms(args) -> tuple[dict, dict, dict, dict]:
     return runs, stats, guidance, timing
 
 
-def print_summary(summary: dict) -> None:
+def finish(args, runs: dict, summary: dict, result: dict) -> str:
+    """OUT/success.png (hint-free held-out success per iteration, each arm's mean and 95% band)
+    and the summary printed: each arm's last third, the paired differences -> the plot's path."""
+    png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
+                        for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
+                       f"{args.env}, hint-free held-out success: mean and 95% interval",
+                       args.split)
     for name, s in summary["arms"].items():
         m, h = s["last_third"]
         print(f"{name:<14} held-out success, last third {m:.3f} +/- {h:.3f}")
@@ -236,6 +250,9 @@ def print_summary(summary: dict) -> None:
         m, h = p["mean_ci95"]
         print(f"{pair}: {m:+.3f} +/- {h:.3f} (guided better on {p['guided_better']} of "
               f"{p['seeds']} seeds)")
+    print(f"wrote {os.path.join(args.out, 'results.json')} and {png} "
+          f"({result['wall_seconds']:.0f} s)")
+    return png
 
 
 def main(argv=None) -> dict:
@@ -275,12 +292,7 @@ def main(argv=None) -> dict:
                            stats=stats, guidance=guidance, actions=actions)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(report(result))
-    png = plot_success({n: (s["eval_mean"], s["eval_ci95"], len(runs[n]))
-                        for n, s in summary["arms"].items()}, os.path.join(args.out, "success.png"),
-                       f"{args.env}, hint-free held-out success: mean and 95% interval")
-    print_summary(summary)
-    print(f"wrote {os.path.join(args.out, 'results.json')} and {png} "
-          f"({result['wall_seconds']:.0f} s)")
+    finish(args, runs, summary, result)
     return result
 
 

@@ -47,10 +47,11 @@ def mean_ci(values) -> tuple[float, float]:
     return float(v.mean()), float(t95(len(v)) * v.std(ddof=1) / math.sqrt(len(v)))
 
 def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int,
-            config: str = "toy_format") -> str:
+            config: str = "toy_format", extra: list[str] | tuple = ()) -> str:
     """Seed `seed`'s warm start in OUT/runs/sft-s<seed>: `hgpo-jax sft` of `config` (the toy
     envs': random episodes, the format without the skill) for `steps` steps; reused when
-    finished, resumed when cut, never taken as done when stopped early."""
+    finished, resumed when cut, never taken as done when stopped early; `extra`: more
+    overrides (e.g. the env's own built model)."""
     from hgpo_jax.trainers.sft import SftTrainer
 
     run_dir = os.path.join(out, "runs", f"sft-s{seed}")
@@ -59,7 +60,8 @@ def run_sft(out: str, seed: int, env: str, memory_len: int, steps: int,
     if str(steps) in saved:
         return run_dir  # reuse a finished warm start (the experiment can be resumed)
     cfg = load_config(config, [f"env.name={env}", f"env.memory_len={memory_len}",
-                                     f"train.seed={seed}", f"sft.steps={steps}", f"train.run_dir={run_dir}"])
+                                     f"train.seed={seed}", f"sft.steps={steps}", f"train.run_dir={run_dir}",
+                                     *extra])
     with SftTrainer(cfg, resume=bool(saved), progress=False) as trainer:
         trainer.train()
     if str(steps) not in os.listdir(checkpoints):  # SIGTERM: saved and stopped early
@@ -91,12 +93,15 @@ def run_rl(out: str, name: str, seed: int, sft_dir: str, env: str, memory_len: i
 def train_to_the_end(cfg, run_dir: str, iterations: int) -> None:
     """Train `cfg` in `run_dir` (resumed from its checkpoints when cut) up to `iterations`; a run
     the trainer stopped early (SIGTERM: it saved and returned) ends the study with the command
-    to resume it, so it is never taken as done."""
+    to resume it, so it is never taken as done. A run whose newest checkpoint is its last
+    iteration (cut before the study marked it done) is not trained again."""
+    from hgpo_jax.runs import latest_checkpoint
     from hgpo_jax.trainers.rl import Trainer
 
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    resume = os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
-    with Trainer(cfg, resume=resume, progress=False) as trainer:
+    newest = latest_checkpoint(run_dir)  # (kind, step) or None
+    if newest is not None and newest[1] >= iterations:
+        return
+    with Trainer(cfg, resume=newest is not None, progress=False) as trainer:
         trainer.train()
         reached = trainer.iteration
     if reached < iterations:  # SIGTERM: the trainer saved and stopped early
