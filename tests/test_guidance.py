@@ -5,7 +5,7 @@ and the authors' own functions on random cases.
 The fixture tests/data/guidance_reference.json holds inputs and the outputs of the authors' code
 (ZJU-REAL/Agent-G2 at 1df588f, `gmsv/alfworld.py`), produced outside the repository with
 
-    python -m experiments.guidance_reference <copy of their gmsv/alfworld.py> \
+    python tests/data/guidance_reference.py <copy of their gmsv/alfworld.py> \
         tests/data/guidance_reference.json
 
 (NumPy 2.4, Python 3.11; the script's docstring says what it drives and how). Ints and bools must

@@ -2,7 +2,7 @@
 memory equal the authors' on every case of the fixture tests/data/search_agent_reference.json
 (their `search_projection` and `SearchEnvironmentManager` run outside the project:
 
-    python -m experiments.search_agent_reference <export of verl-agent 20bd331> \
+    python tests/data/search_agent_reference.py <export of verl-agent 20bd331> \
         tests/data/search_agent_reference.json
 
 ), plus the templates' bytes, the SFT reply, the Turn adapter and the registration."""

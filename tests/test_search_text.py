@@ -6,7 +6,7 @@ The fixture tests/data/search_env_reference.json holds inputs and the outputs of
 search tool's formatting, their batch env and projection, their EM utilities), produced outside the
 repository with
 
-    python -m experiments.search_env_reference <exported verl-agent tree> \
+    python tests/data/search_env_reference.py <exported verl-agent tree> \
         tests/data/search_env_reference.json
 
 (Python 3.11; the script's docstring says what it drives and how). Every case must be equal.

@@ -7,7 +7,7 @@ The fixture tests/data/gigpo_similarity_reference.json holds inputs and the outp
 authors' code (verl-agent at 20bd331, `gigpo/core_gigpo.py` with their reward manager and invalid-
 action penalty), produced outside the repository with
 
-    python -m experiments.gigpo_similarity_reference <copy of verl-agent 20bd331> \\
+    python tests/data/gigpo_similarity_reference.py <copy of verl-agent 20bd331> \\
         tests/data/gigpo_similarity_reference.json
 
 (torch 2.13, NumPy, Python 3.11; the script's docstring says what it drives and how). Advantages

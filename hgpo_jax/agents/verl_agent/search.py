@@ -20,7 +20,7 @@ QA numbers were produced with; templates quoted byte for byte).
 
 Checked against the authors' own code (verl-agent 20bd331: their reply projection, templates
 and history memory, driven by their env manager) on random cases:
-experiments/search_agent_reference.py writes tests/data/search_agent_reference.json, which
+tests/data/search_agent_reference.py writes tests/data/search_agent_reference.json, which
 tests/test_search_agent.py replays.
 """
 

@@ -5,7 +5,7 @@ What the policy sees and how an episode is scored are plain string functions of 
 passages and of the episode's projected actions; this module holds them, with no I/O, so that any
 retriever (the project's local one or a user's wiki-18 server) gives the observations and rewards
 the authors' env gives. `tests/data/search_env_reference.json` records their code on random cases
-(`experiments/search_env_reference.py`); `tests/test_search_text.py` checks every case.
+(`tests/data/search_env_reference.py`); `tests/test_search_text.py` checks every case.
 
 The facts reproduced (design notes: shared/design/search-qa.md sections 1.4-1.6):
 

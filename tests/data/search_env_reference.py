@@ -4,7 +4,7 @@ tests/data/search_env_reference.json that tests/test_search_text.py checks
 
     git --git-dir=<mirror of zzj1111/alfworldauto> archive 20bd331 \
         agent_system/environments/env_package/search | tar -x -C /tmp/verl-agent-20bd331
-    python -m experiments.search_env_reference /tmp/verl-agent-20bd331 \
+    python tests/data/search_env_reference.py /tmp/verl-agent-20bd331 \
         tests/data/search_env_reference.json
 
 The first argument is the root of an exported copy of verl-agent's tree at 20bd331 (the fork
@@ -282,7 +282,7 @@ def main(root: str, out_path: str) -> None:
     fixture = {
         "source": {"repo": "zzj1111/alfworldauto (verl-agent with GiGPO's search env)",
                    "commit": COMMIT, "files": FILES,
-                   "script": "experiments/search_env_reference.py", "seed": SEED},
+                   "script": "tests/data/search_env_reference.py", "seed": SEED},
         "passages": passages, "contents": contents, "errors": errors, "episodes": episodes,
         "normalize": normalize, "extract": extract, "score": score,
     }

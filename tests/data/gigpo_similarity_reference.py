@@ -5,7 +5,7 @@ tests/data/gigpo_similarity_reference.json that tests/test_similarity_groups.py 
     mkdir -p /tmp/verl-agent-20bd331
     git --git-dir=<mirror of verl-agent> archive 20bd331 gigpo verl agent_system/reward_manager \
         | tar -x -C /tmp/verl-agent-20bd331
-    python -m experiments.gigpo_similarity_reference /tmp/verl-agent-20bd331 \
+    python tests/data/gigpo_similarity_reference.py /tmp/verl-agent-20bd331 \
         tests/data/gigpo_similarity_reference.json
 
 The first argument is a copy of verl-agent at 20bd331 kept outside this repository (the project
@@ -229,7 +229,7 @@ def main(root: str, out_path: str) -> None:
             cases.append(case)
     fixture = {"source": "verl-agent 20bd331 gigpo/core_gigpo.py (+ agent_system/reward_manager/"
                          "episode.py, apply_invalid_action_penalty of verl/trainer/ppo/"
-                         "ray_trainer.py), experiments/gigpo_similarity_reference.py",
+                         "ray_trainer.py), tests/data/gigpo_similarity_reference.py",
                "gamma": GAMMA, "eps": EPS, "mode": "mean_std_norm", "cases": cases}
     with open(out_path, "w") as f:
         json.dump(fixture, f, separators=(",", ":"))

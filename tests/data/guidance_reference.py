@@ -2,7 +2,7 @@
 tests/data/guidance_reference.json that tests/test_guidance.py checks `hgpo_jax.rl.guidance`
 against.
 
-    python -m experiments.guidance_reference /path/to/Agent-G2/gmsv/alfworld.py \
+    python tests/data/guidance_reference.py /path/to/Agent-G2/gmsv/alfworld.py \
         tests/data/guidance_reference.json
 
 The first argument is the authors' `gmsv/alfworld.py` (ZJU-REAL/Agent-G2 at 1df588f), a copy kept
@@ -281,7 +281,7 @@ def main(authors_path: str, out_path: str) -> None:
     g2 = load_authors(authors_path)
     rng = np.random.default_rng(SEED)
     fixture = {
-        "source": "ZJU-REAL/Agent-G2 1df588f gmsv/alfworld.py, experiments/guidance_reference.py",
+        "source": "ZJU-REAL/Agent-G2 1df588f gmsv/alfworld.py, tests/data/guidance_reference.py",
         "thresholds": thresholds_cases(g2, rng),
         "offsets": offsets_cases(g2, rng),
         "depth": depth_cases(g2, rng),

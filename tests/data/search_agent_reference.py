@@ -2,7 +2,7 @@
 tests/data/search_agent_reference.json that tests/test_search_agent.py checks
 `hgpo_jax.agents.verl_agent.search` against.
 
-    python -m experiments.search_agent_reference /tmp/verl-agent-20bd331 \
+    python tests/data/search_agent_reference.py /tmp/verl-agent-20bd331 \
         tests/data/search_agent_reference.json
 
 The first argument is an exported tree of verl-agent at 20bd331 (the project holds none of their
@@ -235,7 +235,7 @@ def main(root: str, out_path: str) -> None:
     rng = np.random.default_rng(SEED)
     fixture = {
         "source": {"repo": "verl-agent (read from its fork zzj1111/alfworldauto)", "commit": COMMIT,
-                   "files": list(FILES), "script": "experiments/search_agent_reference.py"},
+                   "files": list(FILES), "script": "tests/data/search_agent_reference.py"},
         "seed": SEED,
         "templates": list(authors.templates),
         "projection": projection_cases(authors, rng),
