@@ -73,7 +73,7 @@ def test_allowed_values_come_from_the_consumers():
     v = allowed_values()
     assert (v["estimator"], v["mode"], v["kl_type"], v["loss_agg"]) == (
         (*ESTIMATORS, ESTIMATOR, "hiper"), MODES, KL_TYPES, AGGS)
-    assert set(v["env"]) == {"alfworld", "search", "toy", "toy-history", "webshop"}  # the registry
+    assert set(v["env"]) == {"alfworld", "search", "toy", "toy-history", "toy-lock", "webshop"}  # the registry
     assert (env_splits("alfworld"), env_splits("webshop")) == (SPLITS, WEBSHOP_SPLITS)
     assert (v["penalty_placement"], v["stats"], v["level_weights"], v["projection"], v["protocol"]) == (
         PENALTY_PLACEMENTS, STATS, LEVEL_WEIGHTS, PROJECTIONS, EVAL_PROTOCOLS)

@@ -156,7 +156,7 @@ def test_registration():
     assert isinstance(agent, VerlAgent) and agent.projection == "verl-agent"
     assert agent.build_prompt is s.prompt_from_turns and agent.script is s.scripted_reply
     assert pickle.loads(pickle.dumps(agent)) == agent
-    assert list(env_formats()) == ["alfworld", "toy", "toy-history", "webshop", "search"]
+    assert list(env_formats()) == ["alfworld", "toy", "toy-history", "toy-lock", "webshop", "search"]
     assert agent_spec("verl-agent").envs == tuple(env_formats())
     # the other envs keep today's SFT reply
     assert get_agent("verl-agent", "webshop").scripted_reply("click[b01]") == (
