@@ -71,18 +71,22 @@ def random_play_success(env: str = ENV, split: str = HELD_OUT, passes: int = 200
             "split": split}
 
 
+def mean_per_iteration(series: list[list], iterations: int) -> list[float | None]:
+    """[I] the mean over `series` (one list per run) of the value each logged at each iteration;
+    None where no run logged one."""
+    out = []
+    for i in range(iterations):
+        values = [s[i] for s in series if i < len(s) and s[i] is not None]
+        out.append(float(np.mean(values)) if values else None)
+    return out
+
+
 def dynamics(guidance: dict, iterations: int) -> dict:
     """Per guided arm, per iteration, the mean over seeds of mu_global, the batch success the
     schedule saw and the replayed steps (`guidance_study.guidance_curves`)."""
-    out = {}
-    for arm, by_seed in guidance.items():
-        out[arm] = {key: [float(np.mean([c[key][i] for c in by_seed.values()
-                                         if i < len(c[key]) and c[key][i] is not None]))
-                          if any(i < len(c[key]) and c[key][i] is not None
-                                 for c in by_seed.values()) else None
-                          for i in range(iterations)]
-                    for key in ("mu_global", "batch_success", "prefix_steps")}
-    return out
+    return {arm: {key: mean_per_iteration([c[key] for c in by_seed.values()], iterations)
+                  for key in ("mu_global", "batch_success", "prefix_steps")}
+            for arm, by_seed in guidance.items()}
 
 
 def dynamics_md(dyn: dict) -> str:

@@ -32,12 +32,12 @@ The behaviour is the authors' code (ZJU-REAL/Agent-G2 at 1df588f, `gmsv/alfworld
   frozen no-prefix baseline, play without a prefix and are left out of the schedule's update.
 
 The options are taken by the authors' key names (`ScheduleOptions` holds them under ours where
-those would collide with `algo.*`: `guidance_specs.AUTHORS_NAMES`); their defaults are the authors' yaml
-(`verl/trainer/config/ppo_trainer.yaml`, block `gmsv:`), not the fallbacks in their code (those
-differ for mu_global_init, mu_global_max, lambda_value and max_length). The ALFWorld and WebShop
-scripts set sigma_mode="dynamic_sigma", batch_acc_low = batch_acc_high = 0.5. `ScheduleOptions`
-and `SCHEDULE_DEFAULTS` need nothing but NumPy: the config (a layer below `hgpo_jax.rl`, which it
-may not import) can take them over as they are when it grows a `guidance` section.
+those would collide with `algo.*`: `guidance_specs.AUTHORS_NAMES`); their defaults are the
+authors' yaml (`verl/trainer/config/ppo_trainer.yaml`, block `gmsv:`), not the fallbacks in their
+code (those differ for mu_global_init, mu_global_max, lambda_value and max_length). The ALFWorld
+and WebShop scripts set sigma_mode="dynamic_sigma", batch_acc_low = batch_acc_high = 0.5.
+`ScheduleOptions` and `SCHEDULE_DEFAULTS` need nothing but NumPy; the config's `guidance`
+section is built from the same declaration (`hgpo_jax.guidance_specs`).
 
 Reproduced as the authors have them (the design notes' section 8): the successes are per rollout
 (the 8 rollouts of a task are 8 values); the statistics are float32 (3/5 is above 0.6); a batch
@@ -107,10 +107,9 @@ def schedule_options(options: Mapping[str, Any]) -> ScheduleOptions:
     if unknown:
         raise TypeError(f"unknown guidance schedule option(s) {unknown}; known: "
                         f"{list(SCHEDULE_OPTION_NAMES)}")
-    ours = {authors: name for name, authors in AUTHORS_NAMES.items()}
-    kinds = {f.name: f.type for f in dataclasses.fields(ScheduleOptions)}
-    built = ScheduleOptions(**{ours.get(name, name): _convert(name, value,
-                                                              kinds[ours.get(name, name)])
+    by_authors = {AUTHORS_NAMES.get(f.name, f.name): f  # the authors' name -> our field
+                  for f in dataclasses.fields(ScheduleOptions)}
+    built = ScheduleOptions(**{by_authors[name].name: _convert(name, value, by_authors[name].type)
                                for name, value in options.items()})
     built.check()
     return built
