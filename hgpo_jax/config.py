@@ -78,7 +78,7 @@ class ModelConfig(Options):
 class EnvConfig(NestedOptions, Options):
     """The environment, its worker pool and each env's own options (`env.<env>.*`, NestedOptions)."""
 
-    name: str = "alfworld"  # alfworld | webshop | toy | toy-history (docs/envs.md)
+    name: str = "alfworld"  # alfworld | webshop | search | toy | toy-history | toy-lock (docs/envs.md)
     split: str = "train"  # training split (alfworld: train | valid_seen | valid_unseen | valid_train; webshop: train | test)
     data_dir: str | None = None  # env data folder; None = $ALFWORLD_DATA / $WEBSHOP_DATA or the project's copy
     seed: int = 0  # webshop: the goal order and the prices of ranged products (verl-agent's env.seed)
