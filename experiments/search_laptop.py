@@ -18,8 +18,10 @@ Stages (each resumable):
 2. sft: a small Qwen2 built here (`build:search-small`) warm-started by `hgpo-jax sft
    search_laptop_sft` on random episodes of 8 other generated worlds (400 steps), then a second
    round on fresh ones (`sft_more`, 500 steps: after the first round the model still miscopied
-   most names out of <information>, sampled rollout EM 0.01); exported (float32) to
-   OUT/warm_start. The random policy knows the format and the mechanics (queries from the
+   most names out of <information>, sampled rollout EM 0.01), then a third (`sft_mix`, 300
+   steps) on episodes of which a quarter are the expert's (other worlds too): after two rounds
+   of random episodes alone, a rollout at T 1.0 never won a two-hop question (0 of 127), so RL
+   never saw one succeed; exported (float32) to OUT/warm_start. The random policy knows the format and the mechanics (queries from the
    question's words, an entity of the top passage copied) but chooses at random: which words to
    search, which entity to answer, when to search again are left to RL.
 3. eval_warm: the warm start on the first 96 test questions, once each, greedy; episodes kept.
@@ -267,7 +269,11 @@ STUDY = laptop.Study(
     experts=stage_experts, report=stage_report,
     experts_done=lambda args: os.path.isfile(os.path.join(args.out, EXPERTS)),
     more_sft=(("sft_more", ["sft.episodes=4000", "sft.steps=500", "optim.lr=2e-3",
-                            "optim.warmup_steps=10", "train.seed=1"]),),
+                            "optim.warmup_steps=10", "train.seed=1"]),
+              # a quarter of the episodes the expert's (other worlds): the random policy's
+              # copies stayed garbled at T 1.0, and no two-hop question was ever won
+              ("sft_mix", ["sft.data=random_other:3000+expert_other:1000", "sft.steps=300",
+                           "optim.lr=1.5e-3", "optim.warmup_steps=10", "train.seed=3"])),
     keep_episodes=True, add_arguments=add_arguments)
 
 

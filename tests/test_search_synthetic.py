@@ -134,6 +134,8 @@ def test_every_stage_of_the_study_runs_in_process_with_tiny_settings(tmp_path):
     tiny = ["--in-process", "--devices", "1", "--seeds", "0", "--estimators", "gigpo",
             "--set-sft", "model.path=tiny", "sft.steps=2", "sft.batch_size=4",
             "train.micro_batch_size=2", "sft.episodes=4", "sft.heldout=0.5", "sft.eval_every=2",
+            # every round's data small (the study's third round names its counts)
+            "sft.data=random_other:3+expert_other:1",
             "sft.save_every=0", "rollout.max_new_tokens=8", "rollout.max_prompt_tokens=512",
             "--set-rl", "train.iterations=3", "rollout.num_groups=1", "rollout.group_size=2",
             "train.mini_batch_size=4", "train.micro_batch_size=2", "eval.games=2",
@@ -153,6 +155,7 @@ def test_every_stage_of_the_study_runs_in_process_with_tiny_settings(tmp_path):
     assert "| gigpo | [0] |" in table
     assert (out / "heldout_em.png").stat().st_size > 0
     assert laptop.is_model_folder(str(out / laptop.WARM_START))
+    assert all(laptop.has_log(str(out), name) for name in ("sft", "sft_more", "sft_mix"))
 
 
 def test_arms_are_paired_by_seed():
