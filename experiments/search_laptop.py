@@ -21,9 +21,10 @@ Stages (each resumable):
    most names out of <information>, sampled rollout EM 0.01), then a third (`sft_mix`, 300
    steps) on episodes of which a quarter are the expert's (other worlds too): after two rounds
    of random episodes alone, a rollout at T 1.0 never won a two-hop question (0 of 127), so RL
-   never saw one succeed; exported (float32) to OUT/warm_start. The random policy knows the format and the mechanics (queries from the
-   question's words, an entity of the top passage copied) but chooses at random: which words to
-   search, which entity to answer, when to search again are left to RL.
+   never saw one succeed; exported (float32) to OUT/warm_start. The random policy knows the
+   format and the mechanics (queries from the question's words, an entity of the top passage
+   copied) but chooses at random: which words to search, which entity to answer, when to search
+   again are left to RL; the expert's quarter shows them, in worlds whose names never recur.
 3. eval_warm: the warm start on the first 96 test questions, once each, greedy; episodes kept.
 4. rl: GiGPO (exact anchors), GiGPO with similarity groups (algo.similarity_thresh=0.9, the
    authors' search setting), HGPO (K=2) and GRPO from the warm start under equal compute
