@@ -20,8 +20,9 @@ import sys
 import numpy as np
 
 
-def read_episodes(path: str) -> dict[tuple[str, str], float]:
-    """{(split, task as text): episode score} of one `--episodes` file."""
+def read_episodes(path: str, key: str = "score") -> dict[tuple[str, str], float]:
+    """{(split, task as text): the episode's `key`} of one `--episodes` file: its `score` (WebShop's
+    reward in [0, 1]) by default, or `won` (1.0 or 0.0; the search env's EM, whose score is 0)."""
     out = {}
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -29,7 +30,7 @@ def read_episodes(path: str) -> dict[tuple[str, str], float]:
                 continue
             try:
                 e = json.loads(line)
-                out[(str(e["split"]), json.dumps(e["task"]))] = float(e["score"])
+                out[(str(e["split"]), json.dumps(e["task"]))] = float(e[key])
             except (ValueError, KeyError, TypeError) as err:
                 raise SystemExit(f"{path}:{n}: not an `hgpo-jax eval --episodes` line ({err})") from None
     return out
@@ -58,16 +59,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", help="the baseline's --episodes file, then the others'")
     parser.add_argument("--json", help="also write the comparisons to this file")
+    parser.add_argument("--key", default="score", choices=("score", "won"),
+                        help="what each episode scores: its score (default) or won (search: EM)")
     args = parser.parse_args(argv)
     if len(args.files) < 2:
         parser.error("give the baseline's --episodes file and at least one other")
-    base = read_episodes(args.files[0])
+    base = read_episodes(args.files[0], args.key)
     results = {}
     print(f"baseline {args.files[0]}")
     print("| file | split | goals | baseline | other | paired diff ± SE | 95% interval | higher / lower / same |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.files[1:]:
-        results[path] = paired(base, read_episodes(path))
+        results[path] = paired(base, read_episodes(path, args.key))
         if not results[path]:
             print(f"| {path} | - | 0 (no goal in common with the baseline) | | | | | |")
         for split, r in results[path].items():

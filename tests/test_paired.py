@@ -53,3 +53,22 @@ def test_the_webshop_report_adds_the_paired_table(tmp_path):
     results, md = webshop_laptop.paired_section(str(tmp_path))
     assert "| hgpo_k2_s0 | 4 | 0.550 | 0.525 | -0.025 ± " in md
     assert list(results) == ["paired"] and results["paired"]["hgpo_k2_s0"]["test"]["diff"] == pytest.approx(-0.025)
+
+
+def test_search_episodes_are_paired_by_em_not_by_their_zero_score(tmp_path):
+    """A search episode's score is 0 whatever its EM: the search study pairs by `won`."""
+    from experiments import webshop_laptop
+
+    (tmp_path / "episodes").mkdir()
+    for name, won in (("warm_start", [0, 0, 1, 0]), ("gigpo_s0", [1, 0, 1, 1])):
+        with open(tmp_path / "episodes" / f"{name}.jsonl", "w") as f:
+            for i, w in enumerate(won):
+                f.write(json.dumps({"split": "test", "index": i, "task": f"test:{i}", "task_type": "onehop",
+                                    "won": bool(w), "score": 0.0, "length": 2, "ended": True}) + "\n")
+    by_score, _ = webshop_laptop.paired_section(str(tmp_path))
+    assert by_score["paired"]["gigpo_s0"]["test"]["diff"] == 0.0  # what the score alone would say
+    results, md = webshop_laptop.paired_section(str(tmp_path), key="won", caption="greedy")
+    r = results["paired"]["gigpo_s0"]["test"]
+    assert (r["base"], r["other"], r["diff"]) == (0.25, 0.75, 0.5)
+    assert (r["higher"], r["lower"], r["same"]) == (2, 0, 2)
+    assert "(`hgpo-jax eval ... --episodes`, greedy;" in md and "| gigpo_s0 | 4 | 0.250 | 0.750 | +0.500 ± " in md
