@@ -249,8 +249,9 @@ def stage_report(args, state: dict) -> dict:
     from experiments.webshop_laptop import paired_section
 
     # EM is the episode's `won` (a search episode's score is 0); the evaluation is greedy
-    goal_results, goal_md = paired_section(args.out, key="won", caption="the same test goals, greedy;"
-                                           " a question scores its EM")
+    goal_results, goal_md = paired_section(args.out, key="won", unit="question",
+                                           caption="the same test questions, greedy; a question"
+                                                   " scores its EM")
     return laptop.write_report(
         args, state, last_eval=last_eval, table1_lines=table1_lines, rows=rows,
         caption="EM (%) on the synthetic world's test questions (the first 96, each once) greedy"
@@ -259,7 +260,7 @@ def stage_report(args, state: dict) -> dict:
         runs_caption="RL runs: rollout EM and invalid-action rate over the first and last 5"
                      " iterations", plot_metrics=("success/all",),
         extra_results={**arms, "paired_arms": paired, "command": command, **goal_results},
-        extra_md=arms_md(arms, paired, command) + goal_md.replace("Goal by goal", "Question by question").replace("goal", "question"))
+        extra_md=arms_md(arms, paired, command) + goal_md)
 
 
 # ----------------------------------------------------------------------------------- the study

@@ -187,12 +187,13 @@ def stage_report(args, state: dict) -> dict:
         extra_results=paired_results, extra_md=paired_md)
 
 
-def paired_section(out: str, key: str = "score",
-                   caption: str = "the same test goals at 0.4") -> tuple[dict, str]:
+def paired_section(out: str, key: str = "score", caption: str = "the same test goals at 0.4",
+                   unit: str = "goal") -> tuple[dict, str]:
     """({'paired': {policy: experiments.paired.paired results}}, its results.md table): the
     goal-by-goal comparison with the warm start of the `eval --episodes` files in OUT/episodes/
-    (docs/results.md section 7), each episode scored by its `key` (paired.read_episodes) and the
-    table introduced by `caption`; ({}, "") without the warm start's file or any other."""
+    (docs/results.md section 7), each episode scored by its `key` (paired.read_episodes), the
+    table introduced by `caption` and its rows' tasks called `unit`s; ({}, "") without the warm
+    start's file or any other."""
     from experiments import paired
 
     folder = os.path.join(out, laptop.EPISODES)
@@ -204,15 +205,16 @@ def paired_section(out: str, key: str = "score",
     warm = paired.read_episodes(base, key)
     results = {f[:-len(".jsonl")]: paired.paired(warm, paired.read_episodes(os.path.join(folder, f), key))
                for f in others}
-    lines = ["| policy | goals | warm start | policy | paired difference ± SE | 95% interval | "
-             "goals higher / lower / same |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| policy | {unit}s | warm start | policy | paired difference ± SE | 95% interval | "
+             f"{unit}s higher / lower / same |", "|---|---|---|---|---|---|---|"]
     for name, by_split in results.items():
         for r in by_split.values():
             lines.append(f"| {name} | {r['goals']} | {r['base']:.3f} | {r['other']:.3f} | {r['diff']:+.3f} ± "
                          f"{r['diff_se']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | {r['higher']} / "
                          f"{r['lower']} / {r['same']} |")
-    return {"paired": results}, ("\nGoal by goal against the warm start (`hgpo-jax eval ... --episodes`, "
-                                 f"{caption}; experiments/paired.py):\n\n" + "\n".join(lines) + "\n")
+    return {"paired": results}, (f"\n{unit.capitalize()} by {unit} against the warm start (`hgpo-jax eval"
+                                 f" ... --episodes`, {caption}; experiments/paired.py):\n\n"
+                                 + "\n".join(lines) + "\n")
 
 
 # ----------------------------------------------------------------------------------- the study

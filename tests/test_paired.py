@@ -67,8 +67,9 @@ def test_search_episodes_are_paired_by_em_not_by_their_zero_score(tmp_path):
                                     "won": bool(w), "score": 0.0, "length": 2, "ended": True}) + "\n")
     by_score, _ = webshop_laptop.paired_section(str(tmp_path))
     assert by_score["paired"]["gigpo_s0"]["test"]["diff"] == 0.0  # what the score alone would say
-    results, md = webshop_laptop.paired_section(str(tmp_path), key="won", caption="greedy")
+    results, md = webshop_laptop.paired_section(str(tmp_path), key="won", caption="greedy", unit="question")
     r = results["paired"]["gigpo_s0"]["test"]
     assert (r["base"], r["other"], r["diff"]) == (0.25, 0.75, 0.5)
     assert (r["higher"], r["lower"], r["same"]) == (2, 0, 2)
     assert "(`hgpo-jax eval ... --episodes`, greedy;" in md and "| gigpo_s0 | 4 | 0.250 | 0.750 | +0.500 ± " in md
+    assert "Question by question against" in md and "| policy | questions |" in md and "goal" not in md
