@@ -16,6 +16,8 @@ the passages the episode was shown:
 - `name not shown`: neither shown nor a near copy of the golden answer (a garbled copy of
   another name, or of a miscopied query's passages);
 - `no answer`: the episode ended without an `<answer>` (the 4th turn, or invalid replies).
+A lost two-hop episode of the synthetic world (`env.search.dataset=synthetic`) also gets the
+class of its second query against the city the person's passage gives (`second_query_class`).
 Prints one line per episode and the counts per data source and class."""
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def classify(task_type: str, answer: str | None, gold: str, shown: str, searches
     return "miscopied" if near and gold in shown else "name not shown"
 
 
+def second_query_class(queries: list[str], city: str | None) -> str:
+    """A two-hop episode's second search against the person's city: `city`, `garbled city` (a
+    near copy of it), `other` (another query), `none` (no second search), `unknown` (the first
+    query named no known person, so the city is not known)."""
+    if len(queries) < 2:
+        return "none"
+    if city is None:
+        return "unknown"
+    if queries[1] == city:
+        return "city"
+    near = difflib.SequenceMatcher(None, queries[1], city).ratio() >= NEAR_COPY
+    return "garbled city" if near else "other"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run", help="an RL run folder")
@@ -66,7 +82,12 @@ def main(argv=None) -> int:
     model, tokenizer, _ = load_model(args.run, dtype=demo.dtype, progress=False)
     policy = Policy.of_rollout(model, tokenizer, cfg.rollout, 0.0)
     env = choice.spec.make_env(cfg.env)()
-    rows, counts = [], {}
+    world = None
+    if getattr(cfg.env, "search", None) is not None and cfg.env.search.dataset == "synthetic":
+        from hgpo_jax.envs.search import synthetic
+
+        world = synthetic.world()
+    rows, counts, second = [], {}, {}
     try:
         for e in lost:
             episode = watch_episode(policy, env, e["task"], choice.max_steps, cfg.env.memory_len,
@@ -80,13 +101,19 @@ def main(argv=None) -> int:
                             searches)
             key = f"{e['task_type']}: {kind}"
             counts[key] = counts.get(key, 0) + 1
-            rows.append({"task": e["task"], "task_type": e["task_type"], "answer": answer,
-                         "gold": gold, "searches": searches, "queries": queries, "class": kind})
+            row = {"task": e["task"], "task_type": e["task_type"], "answer": answer,
+                   "gold": gold, "searches": searches, "queries": queries, "class": kind}
+            if world is not None and e["task_type"] == "twohop":
+                person = world.person(queries[0]) if queries else None
+                row["second_query_class"] = second_query_class(queries, person and person.city)
+                second[row["second_query_class"]] = second.get(row["second_query_class"], 0) + 1
+            rows.append(row)
             print(f"{e['task']:>8} {e['task_type']:>6} searches {searches} answer {answer!r} "
                   f"gold {gold!r}: {kind}", flush=True)
     finally:
         env.close()
-    summary = {"run": args.run, "lost": len(lost), "counts": dict(sorted(counts.items()))}
+    summary = {"run": args.run, "lost": len(lost), "counts": dict(sorted(counts.items())),
+               "twohop_second_query": dict(sorted(second.items()))}
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """experiments/search_failures.py: the failure classes of a lost search episode."""
 
-from experiments.search_failures import classify
+from experiments.search_failures import classify, second_query_class
 
 SHOWN = ('<information>{"result": "Doc 1: \\"Vello Tremstov\\"\\nVello Tremstov is a sailor born in '
          'Garkel."}</information> <information>{"result": "Doc 1: \\"Garkel\\"\\nGarkel is a city '
@@ -24,3 +24,11 @@ def test_names_never_shown_and_no_answer():
     # a near copy of a gold that was never shown (a wrong second search) is not a miscopy
     assert classify("twohop", "Nesurio", "Nesuria", SHOWN, 2) == "name not shown"
     assert classify("twohop", None, "Vexaria", SHOWN, 4) == "no answer"
+
+
+def test_the_second_query_against_the_persons_city():
+    assert second_query_class(["Loyo Tremstov", "Ostduncor"], "Ostduncor") == "city"
+    assert second_query_class(["Loyo Tremstov", "Ostcordun", "Ostcordun"], "Ostduncor") == "garbled city"
+    assert second_query_class(["Loyo Tremstov", "Vexaria"], "Ostduncor") == "other"
+    assert second_query_class(["Loyo Tremstov"], "Ostduncor") == "none"
+    assert second_query_class(["Loyo", "Ostduncor"], None) == "unknown"
