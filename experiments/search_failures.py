@@ -25,11 +25,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import re
 import sys
 
-ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-SEARCH = re.compile(r"<search>(.*?)</search>", re.S)
 NEAR_COPY = 0.6  # difflib ratio from which an answer counts as a garbled copy of the gold
 
 
@@ -69,6 +66,8 @@ def main(argv=None) -> int:
     from hgpo_jax.agents import get_agent
     from hgpo_jax.cli import build_parser
     from hgpo_jax.commands.demo import choose_episode
+    from hgpo_jax.envs.search.env import query_of
+    from hgpo_jax.envs.search.text import extract_answer
     from hgpo_jax.rl.episodes import watch_episode
     from hgpo_jax.rl.policy import Policy
     from hgpo_jax.runs import load_model
@@ -93,9 +92,8 @@ def main(argv=None) -> int:
             episode = watch_episode(policy, env, e["task"], choice.max_steps, cfg.env.memory_len,
                                     rng=0, spec=choice.spec, agent=agent)
             gold = env.questions[e["task"]].golden_answers[0]
-            found = ANSWER.search(episode.turns[-1].reply)
-            answer = found.group(1).strip() if found else None
-            queries = [q.strip() for t in episode.turns for q in SEARCH.findall(t.reply)]
+            answer = extract_answer(episode.turns[-1].reply)
+            queries = [q for q in map(query_of, (t.reply for t in episode.turns)) if q is not None]
             searches = len(queries)
             kind = classify(e["task_type"], answer, gold, " ".join(t.observation for t in episode.turns),
                             searches)
