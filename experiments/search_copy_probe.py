@@ -1,7 +1,7 @@
 """How well a search model copies names it never saw (issue 59, item 7: the study's failure sort
 found garbled copies of unseen names capping held-out EM; docs/results.md section 10).
 
-    python -m experiments.search_copy_probe MODEL [MODEL ...] [--questions 300] [--out FILE.json]
+    python -m experiments.search_copy_probe MODEL [MODEL ...] [--questions 300] [--config C] [--out FILE.json]
 
 MODEL: a transformers folder of the search laptop study (OUT/warm_start, an exported policy).
 The scripted expert plays the held-out questions of the synthetic world (`env.search.dataset=
@@ -47,35 +47,43 @@ def span_kind(tag: str, turn: int, data_source: str) -> str:
     return "answer_city" if data_source == "onehop" else "answer_country"
 
 
-def probe_rows(tokenizer, questions: int, max_prompt_tokens: int) -> list[dict]:
-    """The expert's replies on the first `questions` held-out questions: {ids (prompt + reply
-    through the span's end), start (index of the span's first token), end, kind}."""
+def expert_turns(cfg, questions: int) -> list[tuple[str, str, str]]:
+    """(prompt text, reply text, span kind) of each expert reply that names something, on the
+    first `questions` held-out questions of `cfg`'s env (its search options, turns, memory and
+    agent: the study's SFT config), as the rollout prompts and SFT replies them."""
     from hgpo_jax.agents import get_agent
-    from hgpo_jax.envs.search import SearchOptions, make_search_env, split_questions, synthetic
-    from hgpo_jax.rl.policy import encode_prompt
+    from hgpo_jax.envs.search import make_search_env, split_questions, synthetic
     from hgpo_jax.sft.data import samples_from_episodes
 
-    options = SearchOptions(dataset="synthetic", data_sources=("onehop", "twohop"))
-    env = make_search_env(options, max_turns=4)
-    n = min(questions, len(split_questions(options, "test")))
-    tasks = [f"test:{i}" for i in range(n)]
-    episodes = synthetic.record(env, tasks, "expert")
-    agent = get_agent("verl-agent", "search")
-    rows = []
-    for task, ep in zip(tasks, episodes):
+    e = cfg.env
+    env = make_search_env(e.search, e.max_steps, e.data_dir)
+    tasks = [f"test:{i}" for i in range(min(questions, len(split_questions(e.search, "test"))))]
+    agent = get_agent(cfg.agent.name, e.name, projection=e.projection)
+    out = []
+    for task, ep in zip(tasks, synthetic.record(env, tasks, "expert", max_turns=e.max_steps)):
         source = env.questions[task].data_source
-        for turn, (prompt, response) in enumerate(samples_from_episodes([ep], 4, agent)):
+        for turn, (prompt, response) in enumerate(samples_from_episodes([ep], e.memory_len, agent)):
             span = span_of(response)
-            if span is None:
-                continue
-            start, end, tag = span
-            head = tokenizer.encode(response[:start])
-            upto = tokenizer.encode(response[:end])
-            if upto[:len(head)] != head or len(upto) == len(head):
-                continue  # the span's tokens do not start at a token boundary: not probed
-            p = encode_prompt(tokenizer, prompt, max_prompt_tokens)
-            rows.append({"ids": p + upto, "start": len(p) + len(head), "end": len(p) + len(upto),
-                         "kind": span_kind(tag, turn, source)})
+            if span is not None:
+                out.append((prompt, response, span_kind(span[2], turn, source)))
+    return out
+
+
+def probe_rows(tokenizer, turns: list[tuple[str, str, str]], max_prompt_tokens: int) -> list[dict]:
+    """`expert_turns` in `tokenizer`'s ids: {ids (prompt + reply through the span's end), start
+    (index of the span's first token), end, kind}."""
+    from hgpo_jax.rl.policy import encode_prompt
+
+    rows = []
+    for prompt, response, kind in turns:
+        start, end, _ = span_of(response)
+        head = tokenizer.encode(response[:start])
+        upto = tokenizer.encode(response[:end])
+        if upto[:len(head)] != head or len(upto) == len(head):
+            continue  # the span's tokens do not start at a token boundary: not probed
+        p = encode_prompt(tokenizer, prompt, max_prompt_tokens)
+        rows.append({"ids": p + upto, "start": len(p) + len(head), "end": len(p) + len(upto),
+                     "kind": kind})
     return rows
 
 
@@ -145,18 +153,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("models", nargs="+", help="transformers folders")
     parser.add_argument("--questions", type=int, default=300, help="held-out questions played")
-    parser.add_argument("--max-prompt-tokens", type=int, default=320)
+    parser.add_argument("--config", default="search_laptop_sft",
+                        help="the config whose env, agent and prompt length the probe uses")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
     args = parser.parse_args(argv)
 
+    from hgpo_jax.config import load_config
     from hgpo_jax.models.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
-    rows, results = None, {}
-    for model_dir in args.models:
-        tokenizer = load_tokenizer(model_dir)
-        if rows is None:
-            rows = probe_rows(tokenizer, args.questions, args.max_prompt_tokens)
+    cfg = load_config(args.config, [])
+    turns, results = expert_turns(cfg, args.questions), {}
+    for model_dir in args.models:  # each model's own tokenizer
+        rows = probe_rows(load_tokenizer(model_dir), turns, cfg.rollout.max_prompt_tokens)
         results[model_dir] = measure(model_next_tokens(model_dir), rows)
         r = results[model_dir]
         print(f"{model_dir}: " + "; ".join(

@@ -5,7 +5,8 @@ over."""
 import numpy as np
 import pytest
 
-from experiments.search_copy_probe import SPAN_KINDS, measure, probe_rows, span_kind, span_of
+from experiments.search_copy_probe import (SPAN_KINDS, expert_turns, measure, probe_rows, span_kind,
+                                           span_of)
 
 
 class CharTokenizer:
@@ -20,7 +21,9 @@ class CharTokenizer:
 
 @pytest.fixture(scope="module")
 def rows():
-    return probe_rows(CharTokenizer(), 12, 100_000)
+    from hgpo_jax.config import load_config
+
+    return probe_rows(CharTokenizer(), expert_turns(load_config("search_laptop_sft", []), 12), 100_000)
 
 
 def test_spans_and_their_kinds():
