@@ -47,17 +47,19 @@ def span_kind(tag: str, turn: int, data_source: str) -> str:
     return "answer_city" if data_source == "onehop" else "answer_country"
 
 
-def expert_turns(cfg, questions: int) -> list[tuple[str, str, str]]:
+def expert_turns(cfg, questions: int, world: int | None = None) -> list[tuple[str, str, str]]:
     """(prompt text, reply text, span kind) of each expert reply that names something, on the
     first `questions` held-out questions of `cfg`'s env (its search options, turns, memory and
-    agent: the study's SFT config), as the rollout prompts and SFT replies them."""
+    agent: the study's SFT config), as the rollout prompts and SFT replies them. world: the
+    test questions of that other synthetic world instead (envs.search.world_options)."""
     from hgpo_jax.agents import get_agent
-    from hgpo_jax.envs.search import make_search_env, split_questions, synthetic
+    from hgpo_jax.envs.search import make_search_env, split_questions, synthetic, world_options
     from hgpo_jax.sft.data import samples_from_episodes
 
     e = cfg.env
-    env = make_search_env(e.search, e.max_steps, e.data_dir)
-    tasks = [f"test:{i}" for i in range(min(questions, len(split_questions(e.search, "test"))))]
+    options = e.search if world is None else world_options(world)
+    env = make_search_env(options, e.max_steps, e.data_dir)
+    tasks = [f"test:{i}" for i in range(min(questions, len(split_questions(options, "test"))))]
     agent = get_agent(cfg.agent.name, e.name, projection=e.projection)
     out = []
     for task, ep in zip(tasks, synthetic.record(env, tasks, "expert", max_turns=e.max_steps)):
@@ -155,6 +157,11 @@ def main(argv=None) -> int:
     parser.add_argument("--questions", type=int, default=300, help="held-out questions played")
     parser.add_argument("--config", default="search_laptop_sft",
                         help="the config whose env, agent and prompt length the probe uses")
+    parser.add_argument("--world", type=int, default=None,
+                        help="probe the test split of this other synthetic world instead of the "
+                             "study's held-out one (for choosing a recipe without looking at the "
+                             "held-out questions; e.g. 100, the first of the *_other worlds, whose "
+                             "test split no SFT data comes from)")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
     args = parser.parse_args(argv)
 
@@ -163,7 +170,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     cfg = load_config(args.config, [])
-    turns, results = expert_turns(cfg, args.questions), {}
+    turns, results = expert_turns(cfg, args.questions, world=args.world), {}
     for model_dir in args.models:  # each model's own tokenizer
         rows = probe_rows(load_tokenizer(model_dir), turns, cfg.rollout.max_prompt_tokens)
         results[model_dir] = measure(model_next_tokens(model_dir), rows)
@@ -172,7 +179,7 @@ def main(argv=None) -> int:
             f"{k} copy {v['copy']:.3f} (tokens {v['copy_tokens']:.3f}, first {v['first_token']:.3f},"
             f" n {v['replies']})" for k, v in r.items()), flush=True)
     record = {"command": " ".join(["python -m experiments.search_copy_probe", *(argv or sys.argv[1:])]),
-              "questions": args.questions, "seconds": time.perf_counter() - t0, "models": results}
+              "questions": args.questions, "world": args.world, "seconds": time.perf_counter() - t0, "models": results}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)

@@ -107,7 +107,8 @@ def build_for_env(path: str, folder: str, seed: int = 0) -> str:
         built = get_env(env).built_model
         tokenizer = train_tokenizer(env_corpus(env, build_agent(path)), built.vocab,
                                     isolate=built.isolate)
-        build_model(tmp, tokenizer, size, seed=seed, family=build_family(path))
+        build_model(tmp, tokenizer, size, seed=seed, family=build_family(path),
+                    rope_theta=built.rope_theta)
         try:
             os.rename(tmp, folder)
         except OSError:

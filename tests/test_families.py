@@ -235,6 +235,33 @@ def test_built_models_of_each_family(tmp_path):
                                    hf_logits(load_hf(folder), ids), atol=2e-4, rtol=0)
 
 
+def test_a_built_model_takes_the_rope_base_its_env_declares(tmp_path):
+    """`BuiltModel.rope_theta` (the search env's: 1e4) replaces the family's base in config.json
+    and in the forward pass (matching transformers with that config); the weights are those of
+    the family's default build (the base is not a weight); a base <= 0 is refused."""
+    from safetensors.numpy import load_file
+
+    from hgpo_jax.envs.registry import get_env
+    from hgpo_jax.envs.search import ROPE_THETA
+    from hgpo_jax.models.local import build_model, train_tokenizer
+
+    assert get_env("search").built_model.rope_theta == ROPE_THETA == 10_000.0
+    assert get_env("toy").built_model.rope_theta is None
+    tokenizer = train_tokenizer(["press the blue button", "open the red door"] * 20, 300)
+    plain = build_model(tmp_path / "plain", tokenizer, "tiny")
+    based = build_model(tmp_path / "based", tokenizer, "tiny", rope_theta=ROPE_THETA)
+    assert json.load(open(os.path.join(plain, "config.json")))["rope_theta"] == 1_000_000.0
+    assert json.load(open(os.path.join(based, "config.json")))["rope_theta"] == ROPE_THETA
+    a, b = (load_file(os.path.join(f, "model.safetensors")) for f in (plain, based))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    ids = np.asarray([tokenizer.encode("press the blue button open the red door")], np.int32)
+    ours = np.asarray(load_pretrained(based)(ids))
+    np.testing.assert_allclose(ours, hf_logits(load_hf(based), ids), atol=2e-4, rtol=0)
+    assert not np.allclose(ours, np.asarray(load_pretrained(plain)(ids)), atol=1e-5)
+    with pytest.raises(ValueError, match="rope_theta must be > 0"):
+        build_model(tmp_path / "bad", tokenizer, "tiny", rope_theta=0.0)
+
+
 # ------------------------------------------------------------------------- a run, end to end
 def toy_family_folder(tmp_path, family: str) -> str:
     """A folder holding the toy env's tokenizer and a random transformers model of `family`

@@ -188,7 +188,7 @@ def test_a_built_models_tokenizer_cuts_every_name_the_same_wherever_it_stands():
 
     built = get_env("search").built_model
     assert built.isolate == NAME_PIECE
-    assert model_path_folder("build:search-small").endswith("search-small-v1.2")
+    assert model_path_folder("build:search-small").endswith("search-small-v1.3")
     hf = train_tokenizer(env_corpus("search"), built.vocab, isolate=built.isolate).hf
 
     def pieces(text: str) -> list[str]:

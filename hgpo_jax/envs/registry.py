@@ -36,14 +36,17 @@ class BuiltModel:
     replies, as an agent writes them) train that tokenizer, None: 200 expert episodes of the
     train split (`EnvSpec.record_episodes`); memory_len: the turns of memory those prompts show;
     isolate: a regex of spans the tokenizer keeps whole pieces (`train_tokenizer`), e.g. the
-    made-up names an agent must copy; None: none; version: bump when any of these change, so a
-    model built before is built afresh (its cache folder is named by it).
+    made-up names an agent must copy; None: none; rope_theta: the model's RoPE base, None: the
+    family's (Qwen2: 1e6, made for long contexts; a small model trained from scratch on short
+    prompts may place tokens better with a smaller one); version: bump when any of these change,
+    so a model built before is built afresh (its cache folder is named by it).
     """
 
     vocab: int
     episodes: Callable[[], list] | None = None
     memory_len: int = 2
     isolate: str | None = None
+    rope_theta: float | None = None
     version: int = 1
 
 

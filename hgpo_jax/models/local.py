@@ -93,14 +93,21 @@ def model_config(size: str, vocab_size: int, eos_token_id: int,
 
 
 def build_model(out_dir: str | os.PathLike, tokenizer: Tokenizer, size: str = "small", seed: int = 0,
-                overwrite: bool = False, family: str = "qwen2") -> str:
-    """Write a random-weight HF folder of `family` (config, safetensors, tokenizer); returns it."""
+                overwrite: bool = False, family: str = "qwen2",
+                rope_theta: float | None = None) -> str:
+    """Write a random-weight HF folder of `family` (config, safetensors, tokenizer); returns it.
+    rope_theta: RoPE's base instead of the family's (FAMILY_SETTINGS); the weights are the same
+    either way (the base is not a weight)."""
     from flax import nnx
 
     from hgpo_jax.models.hf_io import save_pretrained
     from hgpo_jax.models.decoder import CausalLM
 
     config = model_config(size, tokenizer.vocab_size, tokenizer.end_of_turn_id, family=family)
+    if rope_theta is not None:
+        if not rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {rope_theta}")
+        config = dataclasses.replace(config, rope_theta=float(rope_theta))
     config = dataclasses.replace(config, extra=dict(config.extra))
     model = CausalLM(config, rngs=nnx.Rngs(seed))
     return save_pretrained(model, out_dir, tokenizer=tokenizer, overwrite=overwrite)

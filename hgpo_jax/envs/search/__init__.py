@@ -25,6 +25,10 @@ from hgpo_jax.envs.search.options import SearchOptions
 SPLITS = ("train", "test")
 OTHER_WORLDS, OTHER_WORLD_SEED = 8, 100  # the worlds of the "*_other" episode kinds
 TOKENIZER_WORLD = 1  # the synthetic world whose text trains a built model's tokenizer
+# RoPE base of a built search model: with Qwen2's 1e6, a small model warm-started here copied a
+# held-out city's name out of <information> right 0.33-0.43 of the time after its first SFT round;
+# with 1e4, 0.45-0.56 (experiments/search_copy_probe.py; docs/results/search_laptop_rope)
+ROPE_THETA = 10_000.0
 # a built model's tokenizer keeps each capitalised word a piece of its own: a made-up name is then
 # the same tokens in the question, a query, a passage's title and text, and an answer
 NAME_PIECE = r"[A-Z][a-z]+"
@@ -192,7 +196,7 @@ def _env_specs() -> dict:
                               episode_kinds=(*KINDS, *(f"{k}_other" for k in KINDS)),
                               built_model=BuiltModel(vocab=1024, episodes=corpus_episodes,
                                                      memory_len=4, isolate=NAME_PIECE,
-                                                     version=2))}
+                                                     rope_theta=ROPE_THETA, version=3))}
 
 
 ENV_SPECS = _env_specs()
