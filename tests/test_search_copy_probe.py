@@ -88,3 +88,19 @@ def test_an_oracle_copies_everything_and_a_stutter_copies_nothing(rows):
     bad = measure(stutter, rows, batch=8)
     assert bad["all"]["copy"] == 0.0 and bad["all"]["first_token"] == 0.0
     assert bad["all"]["copy_tokens"] < 0.1  # a doubled letter is "copied"
+
+
+def test_another_world_is_probed_on_its_own_test_questions():
+    """`--world 100`: the expert's replies on that world's test split (its people and cities),
+    none of the study's held-out names."""
+    from hgpo_jax.config import load_config
+    from hgpo_jax.envs.search import synthetic
+
+    other, ours = synthetic.world(seed=100), synthetic.world()
+    turns = expert_turns(load_config("search_laptop_sft", []), 6, world=100)
+    names = [reply[span_of(reply)[0]:span_of(reply)[1]] for _, reply, _ in turns]
+    people = {row.person.name for row in other.test[:6]}
+    assert {n for n, (_, _, k) in zip(names, turns) if k == "query_name"} == people
+    assert not people & {row.person.name for row in ours.test}
+    cities = {n for n, (_, _, k) in zip(names, turns) if k in ("query_city", "answer_city")}
+    assert cities and cities <= {row.person.city for row in other.test}
