@@ -1,7 +1,7 @@
 """How well a search model copies names it never saw (issue 59, item 7: the study's failure sort
 found garbled copies of unseen names capping held-out EM; docs/results.md section 10).
 
-    python -m experiments.search_copy_probe MODEL [MODEL ...] [--questions 300] [--config C] [--out FILE.json]
+    python -m experiments.search_copy_probe MODEL [MODEL ...] [--questions 300] [--config C] [--world SEED] [--out FILE.json]
 
 MODEL: a transformers folder of the search laptop study (OUT/warm_start, an exported policy).
 The scripted expert plays the held-out questions of the synthetic world (`env.search.dataset=
