@@ -50,7 +50,7 @@ from jax.sharding import Mesh
 from hgpo_jax.algo_specs import ALGORITHMS
 from hgpo_jax.models.lora import merge_params, split_params
 from hgpo_jax.rl.batching import CriticRows, fixed_micro_weights, head_axis
-from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.loss import mean_over
 from hgpo_jax.rl.update import (BudgetStep, batch_sharding, budget_update, make_budget_update,
                                make_update_step, window_predictors, window_to_rows)
 
@@ -102,12 +102,12 @@ def gae(rewards, values, gamma: float, lam: float):
     return adv, adv + values
 
 
-def masked_whiten(x, mask, eps: float = WHITEN_EPS):
+def whiten_over(x, mask, eps: float = WHITEN_EPS):
     """(x - mean) / sqrt(var + eps) with the mean and the unbiased variance over the masked
     entries (all of the batch); a mask of one entry has variance 0."""
     n = jnp.sum(mask)
-    mean = masked_mean(x, mask)
-    var = masked_mean(jnp.square(x - mean), mask) * n / jnp.maximum(n - 1.0, 1.0)
+    mean = mean_over(x, mask)
+    var = mean_over(jnp.square(x - mean), mask) * n / jnp.maximum(n - 1.0, 1.0)
     return (x - mean) * jax.lax.rsqrt(var + eps)
 
 
@@ -117,10 +117,10 @@ def gae_advantages(rewards, values, response_mask, window: int, gamma: float, la
     values [S, W] from `token_values`; response_mask [S, L]."""
     token_mask, value_mask = window_masks(response_mask, window)
     adv, returns = gae(row_rewards_window(rewards, response_mask, window), values, gamma, lam)
-    adv = masked_whiten(adv, token_mask)
-    metrics = {"critic/values_mean": masked_mean(values, value_mask),
-               "critic/returns_mean": masked_mean(returns, token_mask),
-               "critic/advantages_mean_raw": masked_mean(returns - values, token_mask)}
+    adv = whiten_over(adv, token_mask)
+    metrics = {"critic/values_mean": mean_over(values, value_mask),
+               "critic/returns_mean": mean_over(returns, token_mask),
+               "critic/advantages_mean_raw": mean_over(returns - values, token_mask)}
     return window_to_rows(adv * token_mask, response_mask), returns, metrics
 
 
@@ -135,9 +135,9 @@ def value_loss(vpred, old_values, returns, value_mask, clip: float):
     mask is empty), and the fraction of positions where the clipped term is the larger. All
     [S, W]."""
     l1, l2 = clipped_square_errors(vpred, old_values, returns, clip)
-    loss = masked_mean(jnp.maximum(l1, l2), value_mask)
-    return loss, {"vf_loss": loss, "vf_clipfrac": masked_mean((l2 > l1).astype(jnp.float32), value_mask),
-                  "vpred_mean": masked_mean(vpred, value_mask)}
+    loss = mean_over(jnp.maximum(l1, l2), value_mask)
+    return loss, {"vf_loss": loss, "vf_clipfrac": mean_over((l2 > l1).astype(jnp.float32), value_mask),
+                  "vpred_mean": mean_over(vpred, value_mask)}
 
 
 def head_value_mask(value_mask, shape: tuple[int, ...]):
@@ -181,8 +181,8 @@ def critic_value_loss(vpred, old_values, returns, value_mask, clip: float):
                 for h in range(vpred.shape[-1])]
     loss = sum(head_loss for head_loss, _ in per_head)
     l1, l2 = clipped_square_errors(vpred, old_values, returns, clip)
-    metrics = {"vf_loss": loss, "vf_clipfrac": masked_mean((l2 > l1).astype(jnp.float32), mask),
-               "vpred_mean": masked_mean(vpred, mask)}
+    metrics = {"vf_loss": loss, "vf_clipfrac": mean_over((l2 > l1).astype(jnp.float32), mask),
+               "vpred_mean": mean_over(vpred, mask)}
     for h, (_, head_metrics) in enumerate(per_head):
         metrics.update({f"{name}/head{h}": v for name, v in head_metrics.items()})
     return loss, metrics

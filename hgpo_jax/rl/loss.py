@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from hgpo_jax.algo_specs import AGGS, KL_TYPES
 
 
-def masked_mean(x, mask):
+def mean_over(x, mask):
     """sum(x * mask) / sum(mask) over all entries; 0 when the mask is empty. Scalar."""
     total = jnp.sum(mask)
     safe = jnp.where(total > 0, total, 1.0)
@@ -42,12 +42,12 @@ def masked_mean(x, mask):
 def aggregate(x, mask, agg: str):
     """Reduce per-token values x [S, L] under mask [S, L] to a scalar ("token-mean" or "seq-mean")."""
     if agg == "token-mean":
-        return masked_mean(x, mask)
+        return mean_over(x, mask)
     if agg == "seq-mean":
         per_seq_tokens = jnp.sum(mask, axis=-1)  # [S]
         has = per_seq_tokens > 0
         seq_mean = jnp.sum(x * mask, axis=-1) / jnp.where(has, per_seq_tokens, 1.0)  # [S]
-        return masked_mean(seq_mean, has.astype(x.dtype))
+        return mean_over(seq_mean, has.astype(x.dtype))
     raise ValueError(f"unknown agg {agg!r}; expected one of {AGGS}")
 
 
@@ -65,7 +65,7 @@ def entropy_from_logits(logits, logz=None):
     return jnp.sum(jnp.exp(-neg_logp) * neg_logp, axis=-1)
 
 
-def kl_penalty(logp, ref_logp, kl_type: str):
+def kl_estimate(logp, ref_logp, kl_type: str):
     """Per-token KL estimate between the policy and the reference. [S, L]."""
     if kl_type == "low_var_kl":
         log_ratio = ref_logp - logp
@@ -138,12 +138,12 @@ def ppo_kl_loss(logp, old_logp, ref_logp, advantages, mask, *, clip_low: float =
         pg = jnp.where(adv < 0, jnp.minimum(pg, -adv * dual_clip), pg)
 
     pg_loss = aggregate(pg, mask, agg)
-    kl_loss = aggregate(kl_penalty(logp, ref_logp, kl_type), mask, agg)
+    kl_loss = aggregate(kl_estimate(logp, ref_logp, kl_type), mask, agg)
     loss = pg_loss
     metrics = {
         "pg_loss": pg_loss,
-        "pg_clipfrac": masked_mean((pg2 > pg1).astype(logp.dtype), mask),
-        "ppo_kl": masked_mean(-neg_approx_kl, mask),
+        "pg_clipfrac": mean_over((pg2 > pg1).astype(logp.dtype), mask),
+        "ppo_kl": mean_over(-neg_approx_kl, mask),
         "kl_loss": kl_loss,
     }
     if entropy is not None:

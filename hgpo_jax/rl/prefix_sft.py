@@ -32,7 +32,7 @@ from jax.sharding import Mesh
 
 from hgpo_jax.agents import Agent
 from hgpo_jax.rl.batching import SftRows, pack_rows
-from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.loss import mean_over
 from hgpo_jax.rl.policy import encode_prompt
 from hgpo_jax.rl.update import (BudgetStep, batch_shards, budget_window_chunk, make_budget_update,
                                 make_update_step, token_logprobs)
@@ -114,7 +114,7 @@ def sft_micro_loss(coef: float, window: int | None = None, temperature: float = 
         logp = token_logprobs(model, micro.input_ids, micro.attention_mask,
                               response_mask=micro.response_mask, window=window,
                               temperature=temperature)
-        sft = masked_mean(row_cross_entropy(logp, micro.response_mask), micro.weight)
+        sft = mean_over(row_cross_entropy(logp, micro.response_mask), micro.weight)
         return coef * sft, {"prefix_sft_loss": jax.lax.stop_gradient(sft)}
     return micro_loss
 

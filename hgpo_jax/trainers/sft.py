@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from hgpo_jax import distributed as dist
 from hgpo_jax.micro_batches import sft_micro_batch_size
 from hgpo_jax.rl.batching import TokenRows, pack_rows
-from hgpo_jax.rl.loss import masked_mean
+from hgpo_jax.rl.loss import mean_over
 from hgpo_jax.rl.update import make_logprob_fn, make_update_step, on_mesh, token_logprobs
 from hgpo_jax.runs import Run
 from hgpo_jax.sft import data as sft_data
@@ -35,7 +35,7 @@ def nll_micro_loss(model, micro: TokenRows, window: int | None = None):
     `window`: see `hgpo_jax.rl.update.token_logprobs`."""
     logp = token_logprobs(model, micro.input_ids, micro.attention_mask,
                           response_mask=micro.response_mask, window=window)
-    nll = -masked_mean(logp, micro.response_mask)
+    nll = -mean_over(logp, micro.response_mask)
     return nll, {"nll": jax.lax.stop_gradient(nll)}
 
 
