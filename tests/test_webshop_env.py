@@ -13,7 +13,7 @@ from hgpo_jax.agents.verl_agent import webshop as wp
 from hgpo_jax.envs.webshop.prompts import format_observation
 from hgpo_jax.envs.webshop import ENV_SPECS, WebShopEngine, WebShopEnv, train_reward
 from hgpo_jax.envs.webshop.data import GOLDEN_FILE, WebShopDataError, resolve_data_dir
-from hgpo_jax.envs.webshop.env import parse_action
+from hgpo_jax.envs.webshop.env import split_action
 from hgpo_jax.envs.webshop.expert import (InstructionShopper, best_result, instruction_query,
                                         named_options, price_limit, results_on_page, title_actions,
                                         wanted_words)
@@ -131,9 +131,9 @@ def test_options_and_purchase(env, engine):
 
 
 def test_parse_action():
-    assert parse_action("search[a [b] c]") == ("search[a ", "b] c")  # greedy, as the original
-    assert parse_action("click[< Prev]") == ("click", "< Prev")
-    assert parse_action("click") == ("click", None)
+    assert split_action("search[a [b] c]") == ("search[a ", "b] c")  # greedy, as the original
+    assert split_action("click[< Prev]") == ("click", "< Prev")
+    assert split_action("click") == ("click", None)
 
 
 def test_max_steps(engine):

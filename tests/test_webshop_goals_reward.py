@@ -10,9 +10,9 @@ import pytest
 
 from hgpo_jax.envs.webshop.data import GOLDEN_FILE, read_json, resolve_data_dir
 from hgpo_jax.envs.webshop.goals import PUBLIC_GOAL_KEYS, product_prices, synthetic_goals
-from hgpo_jax.envs.webshop.products import Product, load_products
-from hgpo_jax.envs.webshop.reward import (COLOR_SET, get_reward, get_type_reward,
-                                          normalize_color, title_score, token_set_ratio,
+from hgpo_jax.envs.webshop.products import Product, read_products
+from hgpo_jax.envs.webshop.reward import (COLOR_SET, purchase_reward, type_match,
+                                          canonical_color, title_score, token_set_ratio,
                                           type_reward)
 
 
@@ -23,7 +23,7 @@ def folder():
 
 @pytest.fixture(scope="module")
 def products(folder):
-    return load_products(folder)
+    return read_products(folder)
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +129,8 @@ def test_seed0_rewards_equal_golden(golden, by_asin, seed0):
     for record in records:
         goal = goals[record["goal_index"]]
         assert record["price"] == prices[record["asin"]]
-        reward, info = get_reward(by_asin[record["asin"]], goal, by_asin[goal["asin"]],
-                                  record["price"], record["options"])
+        reward, info = purchase_reward(by_asin[record["asin"]], goal, by_asin[goal["asin"]],
+                                       record["price"], record["options"])
         if (reward == record["reward"] and repr(reward) == repr(record["reward"])
                 and info == record["info"] and list(info) == list(record["info"])
                 and type(info["r_price"]) is bool):
@@ -166,15 +166,15 @@ def test_color_set():
 
 
 def test_normalize_color_string_and_tuple():
-    assert normalize_color("light blue") == "blue"  # 'blue' precedes 'light'
-    assert normalize_color("black forest") == "black"
-    assert normalize_color("123alabaster") == "alabaster"
-    assert normalize_color("webshop") == "webshop"
-    assert normalize_color("") == ""
+    assert canonical_color("light blue") == "blue"  # 'blue' precedes 'light'
+    assert canonical_color("black forest") == "black"
+    assert canonical_color("123alabaster") == "alabaster"
+    assert canonical_color("webshop") == "webshop"
+    assert canonical_color("") == ""
     # a (name, value) pair: only an element equal to a colour word is replaced
-    assert normalize_color(("color", "navy blue")) == ("color", "navy blue")
-    assert normalize_color(("color", "navy")) == "navy"
-    assert normalize_color(("size", "large")) == ("size", "large")
+    assert canonical_color(("color", "navy blue")) == ("color", "navy blue")
+    assert canonical_color(("color", "navy")) == "navy"
+    assert canonical_color(("size", "large")) == ("size", "large")
 
 
 def _product(asin="A", query="q", category="a › b › c", nouns=("shirt",), **kw):
@@ -208,16 +208,16 @@ def test_get_type_reward_on_products():
     goal = _product(asin="G", query="men shirt", category="Clothing › Men › Shirts",
                     nouns=("shirt", "cotton"))
     same_category = _product(query="other", category=" Clothing›Men › Pants ", nouns=("shirt",))
-    info = get_type_reward(same_category, goal)
+    info = type_match(same_category, goal)
     assert info == {"r_type": 1.0, "query_match": False, "category_match": True,
                     "title_score": 0.5}
     one_part = _product(query="other", category="Clothing › Women", nouns=("shirt",))
-    assert get_type_reward(one_part, goal)["category_match"] is False
+    assert type_match(one_part, goal)["category_match"] is False
     no_nouns = _product(query="men shirt", category="x", nouns=("pants",))
-    info = get_type_reward(no_nouns, goal)
+    info = type_match(no_nouns, goal)
     assert info["query_match"] is True and info["r_type"] == 0.0
     goal_without_nouns = dataclasses.replace(goal, nouns=())
-    info = get_type_reward(_product(query="other", category="x"), goal_without_nouns)
+    info = type_match(_product(query="other", category="x"), goal_without_nouns)
     assert info["title_score"] == 0.2 and info["r_type"] == 0.5
 
 
@@ -227,7 +227,7 @@ def test_get_reward_breakdown_by_hand():
                       attributes=("machine wash",), description="Made of stretch denim.")
     goal = {"asin": "G", "attributes": ["machine wash", "stretch denim", "button fly"],
             "goal_options": {}, "price_upper": 50.0}
-    reward, info = get_reward(bought, goal, goal_product, 60.0, {})
+    reward, info = purchase_reward(bought, goal, goal_product, 60.0, {})
     assert reward == 2 / 4
     assert list(info) == ["r_type", "r_att", "w_att", "query_match", "category_match",
                           "title_score", "r_price", "w_price"]
@@ -237,7 +237,7 @@ def test_get_reward_breakdown_by_hand():
     goal = dict(goal, attributes=["machine wash"],
                 goal_options={"color": "navy", "size": "32w x 30l"})
     options = {"size": "32w x 30l", "color": "navy blue"}
-    reward, info = get_reward(bought, goal, goal_product, 50.0, options)
+    reward, info = purchase_reward(bought, goal, goal_product, 50.0, options)
     # the goal's ('color', 'navy') pair becomes 'navy' (an element equals a colour word) while
     # the bought 'navy blue' becomes 'blue' (first colour word contained): no match; the
     # ('size', '32w x 30l') pair stays a pair and its text still matches the bought size
@@ -247,5 +247,5 @@ def test_get_reward_breakdown_by_hand():
     assert list(info)[-4:] == ["r_option", "w_option", "r_price", "w_price"]
     # a goal colour that is no exact colour word stays a pair and matches by its tokens
     goal = dict(goal, goal_options={"color": "light blue"})
-    reward, info = get_reward(bought, goal, goal_product, 50.0, {"color": "blue"})
+    reward, info = purchase_reward(bought, goal, goal_product, 50.0, {"color": "blue"})
     assert info["r_option"] == 1.0 and reward == 1.0

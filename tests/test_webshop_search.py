@@ -15,14 +15,14 @@ from hgpo_jax.envs import lucene
 from hgpo_jax.envs.lucene import analyze, tokenize
 from hgpo_jax.envs.webshop import search
 from hgpo_jax.envs.webshop.data import read_lucene_top50, resolve_data_dir
-from hgpo_jax.envs.webshop.products import load_products
+from hgpo_jax.envs.webshop.products import read_products
 from hgpo_jax.envs.webshop.search import (BM25Index, PyseriniSearcher, byte4_to_int, document_text,
                                           int_to_byte4)
 
 
 @pytest.fixture(scope="module")
 def products():
-    return load_products(resolve_data_dir())
+    return read_products(resolve_data_dir())
 
 
 @pytest.fixture(scope="module")

@@ -236,7 +236,7 @@ def top_k_order(scores: np.ndarray, k: int) -> list[int]:
     return order[:k].tolist()
 
 
-def _build_model(pairs: Sequence[tuple[str, str]], k1: float, b: float):
+def _fit_bm25(pairs: Sequence[tuple[str, str]], k1: float, b: float):
     """A bm25s.BM25 (Lucene variant, float32) over the analyzed passages."""
     bm25s = _import_bm25s()
     terms = [analyze(contents) for _, contents in pairs]
@@ -307,7 +307,7 @@ class BM25Index:
             raise ValueError("cannot build a BM25 index of an empty corpus")
         key = corpus_key(pairs, k1, b)
         if not cache:
-            model = _build_model(pairs, k1, b)
+            model = _fit_bm25(pairs, k1, b)
             return cls(pairs, model, key, None, False, time.perf_counter() - start)
         folder = os.path.join(cache_dir or default_cache_dir(), key[:24])
         if is_complete(folder):
@@ -318,7 +318,7 @@ class BM25Index:
                 logger.warning("rebuilding the BM25 index at %s: the cached copy is unusable (%s)",
                                folder, e)
                 shutil.rmtree(folder, ignore_errors=True)
-        model = _build_model(pairs, k1, b)
+        model = _fit_bm25(pairs, k1, b)
         manifest = {"key": key, "num_docs": len(pairs), "k1": k1, "b": b, "analyzer": ANALYZER,
                     "index_version": INDEX_VERSION}
         _save_atomically(model, folder, manifest)

@@ -16,8 +16,8 @@ from functools import lru_cache
 
 from hgpo_jax.envs.webshop.data import resolve_data_dir
 from hgpo_jax.envs.webshop.goals import PUBLIC_GOAL_KEYS, synthetic_goals
-from hgpo_jax.envs.webshop.products import load_products
-from hgpo_jax.envs.webshop.reward import get_reward
+from hgpo_jax.envs.webshop.products import read_products
+from hgpo_jax.envs.webshop.reward import purchase_reward
 
 SEARCH_RESULTS = 50  # hits a search returns (the results pages show them 10 at a time)
 SEARCH_BACKENDS = ("bm25", "pyserini")
@@ -37,7 +37,7 @@ class WebShopEngine:
         if search_backend == "pyserini" and not index_dir:
             raise ValueError("search_backend='pyserini' needs index_dir=<a Lucene index folder>")
         self.folder = resolve_data_dir(data_dir)
-        self.products = load_products(self.folder)
+        self.products = read_products(self.folder)
         self.by_asin = {p.asin: p for p in self.products}
         self._backend, self._index_dir = search_backend, index_dir
         self._searcher = None
@@ -114,7 +114,7 @@ class WebShopEngine:
             raise KeyError(f"unknown product {asin!r}")
         if goal["asin"] not in self.by_asin:
             raise KeyError(f"the goal's product {goal['asin']!r} is not in the catalogue")
-        return get_reward(self.by_asin[asin], goal, self.by_asin[goal["asin"]], price, options)
+        return purchase_reward(self.by_asin[asin], goal, self.by_asin[goal["asin"]], price, options)
 
 
 @lru_cache(maxsize=4)

@@ -33,7 +33,7 @@ from hgpo_jax.envs.webshop.prompts import admissible_actions, format_observation
 _ACTION = re.compile(r"(.+)\[(.+)\]")
 
 
-def parse_action(action: str) -> tuple[str, str | None]:
+def split_action(action: str) -> tuple[str, str | None]:
     """'click[Buy Now]' -> ('click', 'Buy Now'); no match: (action, None)."""
     m = _ACTION.match(action)
     return (action, None) if m is None else (m.group(1), m.group(2))
@@ -73,7 +73,7 @@ class WebShopEnv:
         if self.goal is None:
             raise RuntimeError("call reset(task) before step()")
         self.steps += 1
-        name, arg = parse_action(action if isinstance(action, str) else str(action))
+        name, arg = split_action(action if isinstance(action, str) else str(action))
         arg = arg.lower() if arg is not None else None
         reward, done = 0.0, False
         if name == "search" and arg:

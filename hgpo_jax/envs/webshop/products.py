@@ -1,6 +1,6 @@
 """WebShop's product catalogue as the original text env loads it (small or full set).
 
-`load_products(folder)` follows the original loader's rules, so that pages, search documents,
+`read_products(folder)` follows the original loader's rules, so that pages, search documents,
 goals and rewards see the same values:
 - products in file order; one is skipped if its asin is 'nan', longer than 10 characters, or seen
   before;
@@ -67,7 +67,7 @@ def parse_options(customization) -> dict:
     return options
 
 
-def load_products(folder: str) -> list[Product]:
+def read_products(folder: str) -> list[Product]:
     """The catalogue of a WebShop data folder, in file order (see the module docstring)."""
     raw = read_json(folder, PRODUCTS_FILE)
     extra = read_json(folder, ATTRIBUTES_FILE)

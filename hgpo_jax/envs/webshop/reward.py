@@ -1,4 +1,4 @@
-"""WebShop's purchase reward (verl-agent's copy of the original `get_reward`, with breakdown).
+"""WebShop's purchase reward (verl-agent's copy of the original `goal.py::get_reward`, with breakdown).
 
 reward = (attribute matches + option matches + price ok) / (n_attributes + n_options + 1) * r_type
 
@@ -66,7 +66,7 @@ def token_set_ratio(s1, s2) -> int:
     return int(round(fuzz.token_set_ratio(_fuzz_process(s1), _fuzz_process(s2))))
 
 
-def normalize_color(value):
+def canonical_color(value):
     """The first COLOR_SET word found `in` the value, else the value unchanged.
 
     On a string `in` is a substring test ('light blue' -> 'blue', since 'blue' comes first); on a
@@ -103,7 +103,7 @@ def type_reward(query_match: bool, category_match: bool, score: float) -> float:
     return r_type
 
 
-def get_type_reward(bought: Product, goal_product: Product) -> dict:
+def type_match(bought: Product, goal_product: Product) -> dict:
     """{'r_type', 'query_match', 'category_match', 'title_score'} of the bought product against
     the goal's product (the goal's query, category and title are its product's)."""
     query_match = bought.query == goal_product.query
@@ -131,15 +131,15 @@ def _attribute_matches(bought: Product, goal_attributes) -> int:
 def _option_matches(bought_options: dict, goal_options: dict) -> int:
     """Goal options (as colour-normalized (name, value) pairs) that some colour-normalized bought
     option value scores above 85 against."""
-    bought = [normalize_color(value) for value in bought_options.values()]
-    wanted = [normalize_color(pair) for pair in goal_options.items()]
+    bought = [canonical_color(value) for value in bought_options.values()]
+    wanted = [canonical_color(pair) for pair in goal_options.items()]
     return sum(1 for g_option in wanted
                if any(token_set_ratio(p_option, g_option) > FUZZ_MATCH_ABOVE
                       for p_option in bought))
 
 
-def get_reward(bought: Product, goal: dict, goal_product: Product, price: float,
-               options: dict) -> tuple[float, dict]:
+def purchase_reward(bought: Product, goal: dict, goal_product: Product, price: float,
+                    options: dict) -> tuple[float, dict]:
     """(reward in [0, 1], breakdown) for buying `bought` at `price` with the chosen `options`
     (option name -> value) when the goal is `goal` (whose product is `goal_product`).
 
@@ -148,7 +148,7 @@ def get_reward(bought: Product, goal: dict, goal_product: Product, price: float,
     w_price. Weights are each part's count over n_attributes + n_options + 1."""
     if not goal["price_upper"] > 0:
         raise ValueError(f"goal price_upper must be positive, got {goal['price_upper']!r}")
-    type_info = get_type_reward(bought, goal_product)
+    type_info = type_match(bought, goal_product)
     goal_attributes = goal["attributes"]
     goal_options = goal["goal_options"]
     n_att, n_opt = len(goal_attributes), len(goal_options)
