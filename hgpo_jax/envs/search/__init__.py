@@ -28,7 +28,7 @@ TOKENIZER_WORLD = 1  # the synthetic world whose text trains a built model's tok
 # RoPE base of a built search model (Qwen2's is 1e6, made for long contexts): with 1e4 the laptop
 # study's warm start copied held-out cities better after its first SFT round (0.45/0.56 against
 # 0.33/0.43), not after its third (0.49/0.57 against 0.49/0.54), and GiGPO from it reached a
-# higher held-out EM (last third 0.46-0.51 against 0.36-0.39): docs/results/search_laptop_rope
+# higher held-out EM (last third 0.46-0.51 against 0.36-0.39): docs/results/search_laptop
 ROPE_THETA = 10_000.0
 # a built model's tokenizer keeps each capitalised word a piece of its own: a made-up name is then
 # the same tokens in the question, a query, a passage's title and text, and an answer
