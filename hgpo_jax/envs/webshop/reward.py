@@ -1,4 +1,4 @@
-"""WebShop's purchase reward (verl-agent's copy of the original `goal.py::get_reward`, with breakdown).
+"""WebShop's purchase reward, as verl-agent's copy of WebShop's goal module computes it, with breakdown.
 
 reward = (attribute matches + option matches + price ok) / (n_attributes + n_options + 1) * r_type
 
