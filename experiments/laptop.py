@@ -94,22 +94,38 @@ def read_kept(out: str, name: str):
         return json.load(f)
 
 
-def load_state(out: str) -> dict:
-    return read_kept(out, "state.json") or {"done": {}, "commands": []}
+class State(dict):
+    """A study's state.json as one process holds it, with `seen`: the dict entries as this
+    process last read or wrote them, so that a save can tell the records this process changed
+    from the stale copies of records another process has changed since."""
+
+    def __init__(self, data: dict):
+        super().__init__(data)
+        self.seen = json.loads(json.dumps(data))
+
+
+def load_state(out: str) -> State:
+    return State(read_kept(out, "state.json") or {"done": {}, "commands": []})
 
 
 def save_state(out: str, state: dict) -> None:
-    """Write `state` merged into what is on disk (atomically): two stages run at once in separate
-    processes (say, recording beside an SFT) each keep what the other recorded. Dict entries
-    are merged key by key (this process's win), commands appended once. `state` is updated in
-    place, its dicts included, so references into it stay live."""
+    """Write `state` merged into what is on disk (atomically): stages or RL seeds run at once in
+    separate processes (say, recording beside an SFT, or three seeds' runs) each keep what the
+    others recorded. Dict entries are merged key by key: a record this process changed since it
+    last read or wrote state.json wins, any other comes from disk (another process may have
+    rewritten it: a run resumed for more iterations records its new wall time); commands are
+    appended once. `state` is updated in place, its dicts included, so references into it stay
+    live."""
     disk = load_state(out)
+    seen = getattr(state, "seen", {})
     for key, value in disk.items():
         mine = state.get(key)
         if mine is None:
             state[key] = value
         elif isinstance(value, dict) and isinstance(mine, dict):
-            merged = {**value, **mine}
+            before = seen.get(key, {}) if isinstance(seen.get(key), dict) else {}
+            changed = {k: v for k, v in mine.items() if k not in before or before[k] != v}
+            merged = {**mine, **value, **changed}
             mine.clear()
             mine.update(merged)
         elif key == "commands":
@@ -119,6 +135,8 @@ def save_state(out: str, state: dict) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(state, f, indent=1)
     os.replace(tmp, os.path.join(out, "state.json"))
+    if isinstance(state, State):
+        state.seen = json.loads(json.dumps(state))
 
 
 # ----------------------------------------------------------------------------------- kept
@@ -144,24 +162,46 @@ def has_log(out: str, name: str) -> bool:
 
 
 def keep_log(run_dir: str, out: str, name: str) -> str:
-    """Copy `run_dir`'s config.yaml and its metrics (the training's metrics.jsonl, then its
-    evaluations' eval/metrics.jsonl: `hgpo-jax eval` records there) into OUT/logs/<name>/,
-    atomically."""
+    """Copy `run_dir`'s config.yaml and its metrics (the training's metrics.jsonl, then the
+    evaluations of its last checkpoint from eval/metrics.jsonl: `hgpo-jax eval` records there)
+    into OUT/logs/<name>/, atomically. An evaluation of an earlier checkpoint (a run resumed for
+    more iterations after it was evaluated) is left in the run folder: after the training's
+    records its step would read as a rewind (`hgpo_jax.metrics.read_metrics`) and hide the
+    iterations that came after it."""
     dest = kept_log(out, name)
     os.makedirs(dest, exist_ok=True)
-    parts = {"config.yaml": ["config.yaml"], "metrics.jsonl": ["metrics.jsonl", "eval/metrics.jsonl"]}
-    for f, sources in parts.items():  # metrics last: its presence marks the log kept
-        found = [os.path.join(run_dir, p) for p in sources if os.path.isfile(os.path.join(run_dir, p))]
-        if found:
-            tmp = os.path.join(dest, f"{f}.tmp{os.getpid()}")
-            with open(tmp, "wb") as w:
-                for path in found:
-                    with open(path, "rb") as r:
-                        shutil.copyfileobj(r, w)
-            os.replace(tmp, os.path.join(dest, f))
+    config = os.path.join(run_dir, "config.yaml")
+    if os.path.isfile(config):
+        tmp = os.path.join(dest, f"config.yaml.tmp{os.getpid()}")
+        shutil.copyfile(config, tmp)
+        os.replace(tmp, os.path.join(dest, "config.yaml"))
+    lines = []  # metrics last: its presence marks the log kept
+    train = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(train):
+        with open(train, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    evals = os.path.join(run_dir, "eval", "metrics.jsonl")
+    if os.path.isfile(evals):
+        last = max((_step(line) for line in lines), default=-1)
+        with open(evals, encoding="utf-8") as f:
+            lines += [line for line in f.read().splitlines() if _step(line) >= last]
+    if os.path.isfile(train) or os.path.isfile(evals):
+        tmp = os.path.join(dest, f"metrics.jsonl.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as w:
+            w.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, os.path.join(dest, "metrics.jsonl"))
     if not has_log(out, name):
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl to keep: did its command finish?")
     return dest
+
+
+def _step(line: str) -> int:
+    """The step of one metrics.jsonl line (-1 for a blank or unreadable one: a crash's last
+    line, which read_metrics skips too)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1
 
 
 # ----------------------------------------------------------------------------------- commands

@@ -87,6 +87,46 @@ def test_two_processes_saving_state_keep_each_others_records(tmp_path):
     assert state["commands"] == ["hgpo-jax sft x", "hgpo-jax eval y"]
 
 
+def test_a_process_saving_state_keeps_records_another_process_rewrote(tmp_path):
+    """Three seeds' runs resumed at once, each process holding the state as it was when it
+    started: each save keeps the others' new records instead of writing back its stale copies."""
+    out = str(tmp_path)
+    start = laptop.load_state(out)
+    start["rl_runs"] = {f"s{i}": {"seconds": 30.0} for i in range(3)}
+    laptop.save_state(out, start)
+    procs = [laptop.load_state(out) for _ in range(3)]
+    for i, state in enumerate(procs):
+        state["rl_runs"][f"s{i}"] = {"seconds": 10.0 + i}
+        laptop.save_state(out, state)
+    assert laptop.load_state(out)["rl_runs"] == {f"s{i}": {"seconds": 10.0 + i} for i in range(3)}
+    assert procs[0]["rl_runs"]["s2"] == {"seconds": 30.0}  # refreshed at its next save only
+    laptop.save_state(out, procs[0])
+    assert procs[0]["rl_runs"]["s2"] == {"seconds": 12.0}
+
+
+def test_a_kept_log_of_a_resumed_run_holds_every_iteration_and_its_last_evaluation(tmp_path):
+    """A run evaluated after iteration 2, then resumed to 4 and evaluated again: the kept log
+    holds iterations 1-4 and the evaluation at 4; the one at 2 would read as a rewind there."""
+    from hgpo_jax.metrics import read_metrics
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.yaml").write_text("name: x\n")
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "eval/test/all": s / 10}) + "\n" for s in (1, 2, 3, 4)))
+    (run / "eval" / "metrics.jsonl").write_text(
+        json.dumps({"step": 2, "eval/test/all": 0.25}) + "\n"
+        + json.dumps({"step": 4, "eval/test/all": 0.45, "eval/test/episodes": 96}) + "\n")
+    kept = laptop.keep_log(str(run), str(tmp_path / "out"), "rl_x")
+    records = read_metrics(kept)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["eval/test/all"] for r in records] == [0.1, 0.2, 0.3, 0.45]
+    assert records[-1]["eval/test/episodes"] == 96
+    assert (tmp_path / "out" / laptop.LOGS / "rl_x" / "config.yaml").read_text() == "name: x\n"
+    (run / "metrics.jsonl").unlink()  # an evaluation of a model, no training: all of it kept
+    assert [r["step"] for r in read_metrics(laptop.keep_log(str(run), str(tmp_path / "out"), "e"))] == [2, 4]
+
+
 def test_stages_are_finished_by_what_out_keeps(tmp_path, monkeypatch):
     """A stage is finished when OUT keeps its outputs, whatever state.json says (its records may
     come from another machine); a sitting on some RL runs leaves the others to do; the report is
