@@ -100,7 +100,7 @@ class SearchEnv:
                                       self.question.golden_answers)
             return "", reward, True, self._info("", won=reward >= 1.0, tool_calling=False)
         query = query_of(action)
-        obs = "" if query is None else self._search(query)
+        obs = "" if query is None else self._information_for(query)
         self.observations.append(obs)
         return obs, 0.0, False, self._info(obs, won=False, tool_calling=True)
 
@@ -110,7 +110,7 @@ class SearchEnv:
             close()
 
     # ------------------------------------------------------------------ internals
-    def _search(self, query: str) -> str:
+    def _information_for(self, query: str) -> str:
         try:
             hits = self.retriever.search(query, self.topk)
         except RetrievalError as e:

@@ -122,7 +122,7 @@ class WebShopEnv:
 
     def _item(self) -> None:
         product = self.engine.by_asin[self.asin]
-        self._show("item", pages.item_page(self.goal["instruction_text"], product))
+        self._show("item", pages.product_page(self.goal["instruction_text"], product))
 
     def _click(self, name: str) -> tuple[float, bool]:
         """The original's dispatch on the clicked name, in its order."""

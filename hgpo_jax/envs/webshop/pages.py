@@ -65,7 +65,7 @@ def results_page(instruction: str, hits: list, page: int, total: int) -> tuple[l
     return nodes, _clickables(buttons, [p.asin for p in hits])
 
 
-def item_page(instruction: str, product) -> tuple[list[str], Clickables]:
+def product_page(instruction: str, product) -> tuple[list[str], Clickables]:
     """A product: its options (name, then values), title, price, rating and the sub-page and buy
     buttons. Chosen options are not marked in this mode."""
     nodes = _header(instruction) + ["< Prev"]
