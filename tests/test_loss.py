@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hgpo_jax.rl import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, ppo_kl_loss_jit
+from hgpo_jax.rl import AGGS, KL_TYPES, ppo_kl_loss, ppo_kl_loss_jit, softmax_entropy
 
 S, L, V = 6, 9, 13
 CLIP_LOW, CLIP_HIGH, DUAL, KL_COEF, ENT_COEF = 0.2, 0.28, 3.0, 0.05, 0.05
@@ -277,13 +277,13 @@ def test_entropy_from_logits_matches_torch():
     for seed in range(3):
         logits = entropy_inputs(seed)[0]
         _, _, want = torch_logp_and_entropy(logits, np.zeros((S, L), np.int64))
-        got = entropy_from_logits(jnp.asarray(logits))
+        got = softmax_entropy(jnp.asarray(logits))
         assert got.shape == (S, L) and got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=2e-6)
         assert np.all(np.asarray(got) >= 0)
     # the two extremes: uniform gives log V, one-hot gives 0
-    np.testing.assert_allclose(float(entropy_from_logits(jnp.zeros(V))), np.log(V), rtol=1e-6)
-    assert float(entropy_from_logits(jnp.array([0.0, 200.0, 0.0]))) == 0.0
+    np.testing.assert_allclose(float(softmax_entropy(jnp.zeros(V))), np.log(V), rtol=1e-6)
+    assert float(softmax_entropy(jnp.array([0.0, 200.0, 0.0]))) == 0.0
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -301,7 +301,7 @@ def test_entropy_term_value_metric_and_gradient_match_torch(agg):
         kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=DUAL, kl_coef=KL_COEF, agg=agg)
 
         def ent_only(zz):
-            return ppo_kl_loss(logp, old, ref, adv, mask, entropy=entropy_from_logits(zz), entropy_coef=ENT_COEF, **kw)
+            return ppo_kl_loss(logp, old, ref, adv, mask, entropy=softmax_entropy(zz), entropy_coef=ENT_COEF, **kw)
 
         (loss, metrics), grad = jax.value_and_grad(ent_only, has_aux=True)(jnp.asarray(logits))
         base = float(ppo_kl_loss(logp, old, ref, adv, mask, **kw)[0])
@@ -322,7 +322,7 @@ def test_entropy_term_value_metric_and_gradient_match_torch(agg):
         want_ent_agg = want_ent_agg.item()
 
         def full(zz):
-            return ppo_kl_loss(jax_logp(zz, targets), old, ref, adv, mask, entropy=entropy_from_logits(zz),
+            return ppo_kl_loss(jax_logp(zz, targets), old, ref, adv, mask, entropy=softmax_entropy(zz),
                                entropy_coef=ENT_COEF, **kw)
 
         (loss, metrics), grad = jax.value_and_grad(full, has_aux=True)(jnp.asarray(logits))
@@ -337,7 +337,7 @@ def test_entropy_coef_zero_is_exactly_the_old_loss():
     for agg in AGGS:
         logits, targets, old, ref, adv, mask = entropy_inputs(0)
         logp = jnp.asarray(make_inputs(0)[0])
-        ent = entropy_from_logits(jnp.asarray(logits))
+        ent = softmax_entropy(jnp.asarray(logits))
         kw = dict(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=KL_COEF, agg=agg)
         old_fn = jax.value_and_grad(lambda lp: ppo_kl_loss(lp, old, ref, adv, mask, **kw), has_aux=True)
         (loss0, m0), g0 = old_fn(logp)

@@ -12,7 +12,7 @@ from hgpo_jax.envs.base import check_info
 from hgpo_jax.envs.registry import get_env
 from hgpo_jax.envs.search import SearchOptions, make_search_env, retrieval
 from hgpo_jax.envs.search.data import Question
-from hgpo_jax.envs.search.env import SearchEnv, ends_episode, query_of
+from hgpo_jax.envs.search.env import SearchQAEnv, ends_episode, query_of
 from hgpo_jax.envs.search.text import contents_text, search_error_text
 
 CORPUS = [
@@ -125,7 +125,7 @@ class Down:
 
 
 def test_a_failed_search_shows_the_error_text_and_is_counted():
-    env = SearchEnv({"t:0": Question("q", "who?", ("x",), "nq")}, Down(), max_turns=4)
+    env = SearchQAEnv({"t:0": Question("q", "who?", ("x",), "nq")}, Down(), max_turns=4)
     env.reset("t:0")
     with pytest.warns(RuntimeWarning, match="search failed"):
         obs, reward, done, info = env.step("<search>x</search>")

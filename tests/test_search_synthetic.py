@@ -15,7 +15,7 @@ sys.path.insert(0, ROOT)
 from hgpo_jax.agents.verl_agent.search import project_action, scripted_reply  # noqa: E402
 from hgpo_jax.envs.search import (SearchOptions, make_retriever, make_search_env,  # noqa: E402
                                   split_questions, synthetic)
-from hgpo_jax.envs.search.data import load_corpus, load_questions  # noqa: E402
+from hgpo_jax.envs.search.data import read_corpus, read_questions  # noqa: E402
 
 SYNTHETIC = SearchOptions(dataset="synthetic")
 
@@ -30,8 +30,8 @@ def test_the_world_is_deterministic_and_its_files_are_the_projects_formats(tmp_p
     assert a == b and synthetic.make_world(1).passages != a.passages
     folder = synthetic.write_world(a, str(tmp_path / "w"))
     files = {n: os.path.join(folder, f"{n}.jsonl") for n in ("corpus", "train", "test")}
-    assert [p.title for p in load_corpus(files["corpus"])] == [p["title"] for p in a.passages]
-    test = load_questions(files["test"])
+    assert [p.title for p in read_corpus(files["corpus"])] == [p["title"] for p in a.passages]
+    test = read_questions(files["test"])
     assert [q.question for q in test] == [r.question for r in a.test]
     assert {q.data_source for q in test} == {synthetic.ONEHOP, synthetic.PROFESSION, synthetic.TWOHOP}
     again = synthetic.write_world(a, folder)  # written once

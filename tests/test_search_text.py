@@ -26,8 +26,8 @@ from hgpo_jax.envs.search.data import (
     Question,
     SearchDataError,
     default_files,
-    load_corpus,
-    load_questions,
+    read_corpus,
+    read_questions,
     resolve_data_dir,
 )
 from hgpo_jax.envs.search.text import (
@@ -133,7 +133,7 @@ def test_load_corpus_both_formats(tmp_path):
         {"id": "3", "contents": '"C"'},
         {"id": "4", "title": "D", "text": "", "extra": 1},
     ])
-    passages = load_corpus(path)
+    passages = read_corpus(path)
     assert passages == [Passage("1", "A", "alpha"),
                         Passage("2", 'B "quoted"', "line one\nline two  "),
                         Passage("3", "C", ""), Passage("4", "D", "")]
@@ -155,13 +155,13 @@ def test_load_corpus_both_formats(tmp_path):
 def test_load_corpus_bad_lines(tmp_path, line, message):
     path = write_lines(tmp_path / "c.jsonl", [{"id": "1", "title": "A", "text": "a"}, line])
     with pytest.raises(ValueError, match=message) as e:
-        load_corpus(path)
+        read_corpus(path)
     assert "\n" not in str(e.value)
 
 
 def test_load_corpus_empty(tmp_path):
     with pytest.raises(ValueError, match="no passage"):
-        load_corpus(write_lines(tmp_path / "c.jsonl", ["", " "]))
+        read_corpus(write_lines(tmp_path / "c.jsonl", ["", " "]))
 
 
 # --------------------------------------------------------------------------------- questions
@@ -172,14 +172,14 @@ def test_load_questions_jsonl(tmp_path):
         {"question": "What?", "golden_answers": "one", "data_source": "nq"},
         {"question": "Where", "golden_answers": ["here"], "data_source": "nq"},
     ])
-    assert load_questions(path) == [
+    assert read_questions(path) == [
         Question("hotpotqa:x", "Who is he?", ("Him", "he"), "hotpotqa"),
         Question("nq:1", "What?", ("one",), "nq"), Question("nq:2", "Where?", ("here",), "nq")]
-    assert [q.id for q in load_questions(path, ["nq"])] == ["nq:1", "nq:2"]
-    assert [q.id for q in load_questions(path, "hotpotqa")] == ["hotpotqa:x"]
+    assert [q.id for q in read_questions(path, ["nq"])] == ["nq:1", "nq:2"]
+    assert [q.id for q in read_questions(path, "hotpotqa")] == ["hotpotqa:x"]
     with pytest.raises(ValueError, match=r"no question of data source\(s\) \['musique'\]; "
                                          r"the file has \['hotpotqa', 'nq'\]"):
-        load_questions(path, ["musique"])
+        read_questions(path, ["musique"])
 
 
 @pytest.mark.parametrize("row, message", [
@@ -196,7 +196,7 @@ def test_load_questions_jsonl(tmp_path):
 def test_load_questions_bad_rows(tmp_path, row, message):
     good = {"id": "a", "question": "q", "golden_answers": ["a"], "data_source": "nq"}
     with pytest.raises(ValueError, match=message) as e:
-        load_questions(write_lines(tmp_path / "q.jsonl", [good, row]))
+        read_questions(write_lines(tmp_path / "q.jsonl", [good, row]))
     assert "\n" not in str(e.value)
 
 
@@ -221,20 +221,20 @@ def test_load_questions_parquet(tmp_path):
             verl_agent_row(1, "where is it", ["here"], "bamboogle")]
     path = str(tmp_path / "test.parquet")
     pq.write_table(pa.Table.from_pylist(rows), path)
-    assert load_questions(path) == [Question("nq:0", "who is he?", ("Him", "he"), "nq"),
+    assert read_questions(path) == [Question("nq:0", "who is he?", ("Him", "he"), "nq"),
                                     Question("bamboogle:1", "where is it", ("here",), "bamboogle")]
-    assert [q.id for q in load_questions(path, ["bamboogle"])] == ["bamboogle:1"]
+    assert [q.id for q in read_questions(path, ["bamboogle"])] == ["bamboogle:1"]
     with pytest.raises(ValueError, match=r"the file has \['bamboogle', 'nq'\]"):
-        load_questions(path, ["hotpotqa"])
+        read_questions(path, ["hotpotqa"])
 
     rows.append(verl_agent_row(2, "q", [], "nq"))
     pq.write_table(pa.Table.from_pylist(rows), path)
     with pytest.raises(ValueError,
                        match=r"test\.parquet: row 2: env_kwargs ground_truth 'target' is empty"):
-        load_questions(path)
+        read_questions(path)
     pq.write_table(pa.Table.from_pylist([{"question": "q", "golden_answers": ["a"]}]), path)
     with pytest.raises(ValueError, match="no 'env_kwargs' column"):
-        load_questions(path)
+        read_questions(path)
 
 
 # ---------------------------------------------------------------------------------- the data
@@ -251,12 +251,12 @@ def test_project_set_unpacks_and_loads(no_data_env):
     assert files["corpus"].startswith(str(no_data_env / "cache" / "searchqa" / "searchqa-small"))
     assert env_data.is_complete(os.path.dirname(files["corpus"]))
     assert default_files() == files  # the unpack is reused
-    corpus = load_corpus(files["corpus"])
-    train, test = load_questions(files["train"]), load_questions(files["test"])
+    corpus = read_corpus(files["corpus"])
+    train, test = read_questions(files["train"]), read_questions(files["test"])
     assert (len(corpus), len(train), len(test)) == (23694, 1198, 4652)
     assert len({p.id for p in corpus}) == 23694
     assert {q.data_source for q in train} == {"hotpotqa", "musique"}
-    assert len(load_questions(files["test"], ["bamboogle"])) == 125
+    assert len(read_questions(files["test"], ["bamboogle"])) == 125
     assert all(q.question.endswith("?") and q.question == q.question.strip() for q in train + test)
     assert resolve_data_dir(os.path.dirname(os.path.dirname(files["corpus"]))) \
         == os.path.dirname(files["corpus"])  # the parent folder works too

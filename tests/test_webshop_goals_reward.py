@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from hgpo_jax.envs.webshop.data import GOLDEN_FILE, read_json, resolve_data_dir
+from hgpo_jax.envs.webshop.data import GOLDEN_FILE, read_data_json, resolve_data_dir
 from hgpo_jax.envs.webshop.goals import PUBLIC_GOAL_KEYS, product_prices, synthetic_goals
 from hgpo_jax.envs.webshop.products import Product, read_products
 from hgpo_jax.envs.webshop.reward import (COLOR_SET, purchase_reward, type_match,
@@ -33,7 +33,7 @@ def by_asin(products):
 
 @pytest.fixture(scope="module")
 def golden(folder):
-    return read_json(folder, GOLDEN_FILE)
+    return read_data_json(folder, GOLDEN_FILE)
 
 
 @pytest.fixture(scope="module")

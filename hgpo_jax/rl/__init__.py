@@ -30,7 +30,7 @@ from hgpo_jax.rl.grouping import (
     prepare_batch,
 )
 from hgpo_jax.rl.hae import HAEResult, hae_advantages
-from hgpo_jax.rl.loss import AGGS, KL_TYPES, entropy_from_logits, ppo_kl_loss, ppo_kl_loss_jit
+from hgpo_jax.rl.loss import AGGS, KL_TYPES, ppo_kl_loss, ppo_kl_loss_jit, softmax_entropy
 
 __all__ = [
     "AGGS",
@@ -51,7 +51,6 @@ __all__ = [
     "compute_step_advantages",
     "device_step_advantages",
     "discounted_returns",
-    "entropy_from_logits",
     "episode_returns",
     "full_history_ids",
     "hae_advantages",
@@ -61,5 +60,6 @@ __all__ = [
     "ppo_kl_loss",
     "ppo_kl_loss_jit",
     "prepare_batch",
+    "softmax_entropy",
     "step_advantages_from_index",
 ]

@@ -10,7 +10,7 @@ response tokens that count (1) and padding (0).
   kl      = low_var_kl (k3): exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]
             kl (k1): logp - ref        mse (k2): 0.5 * (logp - ref)^2
   entropy = per-token entropy of the policy's next-token distribution over the vocabulary,
-            logsumexp(z) - sum_v softmax(z)_v z_v of the fp32 logits z (`entropy_from_logits`;
+            logsumexp(z) - sum_v softmax(z)_v z_v of the fp32 logits z (`softmax_entropy`;
             an input here, computed by `hgpo_jax.rl.update.token_logprobs(..., with_entropy=True)`)
   loss    = agg(pg) - entropy_coef * agg(entropy) + kl_coef * agg(kl)
 
@@ -51,7 +51,7 @@ def aggregate(x, mask, agg: str):
     raise ValueError(f"unknown agg {agg!r}; expected one of {AGGS}")
 
 
-def entropy_from_logits(logits, logz=None):
+def softmax_entropy(logits, logz=None):
     """Entropy of softmax(logits) over the last axis: logits [..., V] -> [...], in logits' dtype.
 
     `logz` = logsumexp(logits, -1) when the caller has it already. Summed as

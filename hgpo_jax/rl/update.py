@@ -41,7 +41,7 @@ from hgpo_jax import distributed as dist
 from hgpo_jax.models.lora import Adapted, merge_params, trainable, with_trainable
 from hgpo_jax.models.sharding import BATCH_AXES, param_sharding
 from hgpo_jax.rl.batching import MicroBatch, take_micro, token_budget_micro_batches
-from hgpo_jax.rl.loss import entropy_from_logits
+from hgpo_jax.rl.loss import softmax_entropy
 
 LOGPROB_CHUNK = 128
 BUDGET_CHUNK_DIVISOR = 8  # token-budget micro-batches: budget / 8 logit positions per device at a time
@@ -202,7 +202,7 @@ def _chunked_logprobs(model, hidden, targets, chunk: int, with_entropy: bool,
         picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
         if not with_entropy:
             return (picked - logz,)
-        return picked - logz, entropy_from_logits(logits, logz)
+        return picked - logz, softmax_entropy(logits, logz)
 
     return tuple(x.swapaxes(0, 1).reshape(S, n * chunk)[:, :N]
                  for x in jax.lax.map(one_chunk, (h, t)))

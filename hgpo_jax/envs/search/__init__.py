@@ -54,9 +54,9 @@ def _files(options: SearchOptions, data_dir: str | None) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=8)
 def _questions(path: str, data_sources: tuple[str, ...], mtime: float) -> tuple:
-    from hgpo_jax.envs.search.data import load_questions
+    from hgpo_jax.envs.search.data import read_questions
 
-    return tuple(load_questions(path, list(data_sources) or None))
+    return tuple(read_questions(path, list(data_sources) or None))
 
 
 def split_questions(options: SearchOptions, split: str, data_dir: str | None = None) -> tuple:
@@ -85,11 +85,11 @@ def make_retriever(options: SearchOptions, data_dir: str | None = None):
 
 
 def make_search_env(options: SearchOptions, max_turns: int = 4, data_dir: str | None = None):
-    """A SearchEnv over every split's questions and the options' retriever."""
-    from hgpo_jax.envs.search.env import SearchEnv
+    """A SearchQAEnv over every split's questions and the options' retriever."""
+    from hgpo_jax.envs.search.env import SearchQAEnv
 
-    return SearchEnv(task_table(options, data_dir), make_retriever(options, data_dir),
-                     max_turns=max_turns, topk=options.topk)
+    return SearchQAEnv(task_table(options, data_dir), make_retriever(options, data_dir),
+                       max_turns=max_turns, topk=options.topk)
 
 
 def check_ready(options: SearchOptions, data_dir: str | None = None) -> None:

@@ -154,7 +154,7 @@ def _split_contents(contents: str, where: str) -> tuple[str, str]:
     return title[1:-1], text
 
 
-def load_corpus(path: str | os.PathLike) -> list[Passage]:
+def read_corpus(path: str | os.PathLike) -> list[Passage]:
     """The passages of a JSONL corpus, in file order.
 
     Each line is `{"id", "title", "text"}` (the project's set) or wiki-18's `{"id", "contents"}`
@@ -265,7 +265,7 @@ def _parquet_questions(path: str) -> Iterator[Question]:
         yield Question(f"{source}:{index}", question, answers, source)
 
 
-def load_questions(path: str | os.PathLike,
+def read_questions(path: str | os.PathLike,
                    data_sources: Iterable[str] | None = None) -> list[Question]:
     """The questions of a JSONL file (the project's rows) or a `.parquet` file (verl-agent's rows),
     in file order, keeping only the given data sources when `data_sources` is a list of names.

@@ -1,6 +1,6 @@
 """One search-augmented QA episode at a time, as verl-agent's search env plays it.
 
-    env = SearchEnv(questions, retriever, max_turns=4)
+    env = SearchQAEnv(questions, retriever, max_turns=4)
     obs, info = env.reset("train:17")                  # obs: the question
     obs, reward, done, info = env.step("<search>who founded acme</search>")
     obs, reward, done, info = env.step("<answer>Jane Doe</answer>")   # reward: EM, 1.0 or 0.0
@@ -52,7 +52,7 @@ def ends_episode(action: str, turns: int, max_turns: int) -> bool:
     return turns >= max_turns or ("<answer>" in action and "</answer>" in action)
 
 
-class SearchEnv:
+class SearchQAEnv:
     """Search-augmented QA over a question table and a retriever.
 
     questions: task id -> Question (ids as `list_tasks` gives them, e.g. "train:17");

@@ -371,12 +371,12 @@ _INDEXES_LOCK = threading.Lock()
 def corpus_index(path: str, cache_dir: str | None = None) -> BM25Index:
     """The BM25 index of a corpus file (or of `corpus.jsonl` in a folder), one per process.
 
-    The file is read with `hgpo_jax.envs.search.data.load_corpus` (its one-line ValueErrors for
+    The file is read with `hgpo_jax.envs.search.data.read_corpus` (its one-line ValueErrors for
     a bad line) and indexed with `BM25Index.build` (disk cache). The index is kept per file path,
     size and modification time, so every env of a process shares one index instead of holding
     a copy each; parallel first calls build it once.
     """
-    from hgpo_jax.envs.search.data import CORPUS_FILE, load_corpus
+    from hgpo_jax.envs.search.data import CORPUS_FILE, read_corpus
 
     if os.path.isdir(path):
         path = os.path.join(path, CORPUS_FILE)
@@ -384,7 +384,7 @@ def corpus_index(path: str, cache_dir: str | None = None) -> BM25Index:
     memo_key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, cache_dir)
     with _INDEXES_LOCK:
         if memo_key not in _INDEXES:
-            _INDEXES[memo_key] = BM25Index.build(load_corpus(path), cache_dir=cache_dir)
+            _INDEXES[memo_key] = BM25Index.build(read_corpus(path), cache_dir=cache_dir)
         return _INDEXES[memo_key]
 
 

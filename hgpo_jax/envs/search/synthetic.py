@@ -308,7 +308,7 @@ KINDS = ("expert", "random")
 
 def record(env, task_ids, kind: str, *, seed: int = 0, max_turns: int = 4) -> list:
     """Episodes of `kind` on `task_ids` (in order, repeats allowed) played through `env`
-    (a SearchEnv over a synthetic world); deterministic per seed."""
+    (a SearchQAEnv over a synthetic world); deterministic per seed."""
     from hgpo_jax.envs.episodes import play_episode
 
     if kind not in KINDS:

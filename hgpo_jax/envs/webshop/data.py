@@ -77,7 +77,7 @@ def _read_json_cached(path: str):
         return json.load(f)
 
 
-def read_json(folder: str, name: str):
+def read_data_json(folder: str, name: str):
     """A JSON file of the data folder (cached per process: treat the result as read-only)."""
     path = os.path.join(folder, name)
     if not os.path.isfile(path):

@@ -19,7 +19,7 @@ import dataclasses
 import re
 from decimal import Decimal
 
-from hgpo_jax.envs.webshop.data import ATTRIBUTES_FILE, NOUNS_FILE, PRODUCTS_FILE, read_json
+from hgpo_jax.envs.webshop.data import ATTRIBUTES_FILE, NOUNS_FILE, PRODUCTS_FILE, read_data_json
 
 DEFAULT_PRICE = 100.0
 _NOT_NUMBER = re.compile(r"[^\d.]")
@@ -69,9 +69,9 @@ def parse_options(customization) -> dict:
 
 def read_products(folder: str) -> list[Product]:
     """The catalogue of a WebShop data folder, in file order (see the module docstring)."""
-    raw = read_json(folder, PRODUCTS_FILE)
-    extra = read_json(folder, ATTRIBUTES_FILE)
-    nouns = read_json(folder, NOUNS_FILE)["nouns_by_asin"]
+    raw = read_data_json(folder, PRODUCTS_FILE)
+    extra = read_data_json(folder, ATTRIBUTES_FILE)
+    nouns = read_data_json(folder, NOUNS_FILE)["nouns_by_asin"]
     products, seen = [], set()
     for item in raw:
         asin = item["asin"]
